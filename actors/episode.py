@@ -1,0 +1,203 @@
+"""One multi-turn episode, token in and token out: the context, the turn loop, the Trajectory.
+
+Called by the inference actor (actors/actor.py), by evaluation and by the warm start's
+demonstrations (actors/demonstrations.py). The model is reached only through a ``Generate``
+callable, so this module knows nothing of vLLM; the envs only through an ``EnvClient`` slot.
+
+Invariants:
+- Token in, token out: ``ChatContext.token_ids`` is exactly what the model saw and produced. Each
+  new observation is rendered by the tokenizer's chat template and *appended*; earlier turns are
+  never re-tokenized. The template is applied once per observation to a fixed probe conversation
+  to find the text it puts between an assistant's end-of-turn and the next user turn, and that
+  glue is tokenized on its own, so any prefix-stable template (ChatML, Llama 3, ...) works.
+- The generated tokens (including the end-of-turn token when the model produced it) are the
+  policy's: ``loss_mask`` True, their behaviour log-prob and policy version recorded; everything
+  else (system prompt, observations, template glue, an end-of-turn token appended after a
+  truncated answer) is the environment's: mask False, log-prob 0, version -1.
+- ``turn_end`` marks the last generated token of each turn; ``turn_rewards[t]`` is turn t's
+  reward from the env. A turn whose answer is empty cannot carry a reward: the episode ends there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from envs.service import EnvClient
+from envs.wire import EpisodeFailure
+from transport.schema import Trajectory
+
+_PROBE = "\x00probe\x00"
+
+
+@dataclass
+class Generation:
+    """One sampled answer: its tokens, their behaviour log-probs and the versions that made them."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Log-prob of each token under the distribution sampled from (temperature applied)."""
+    versions: list[int]
+    """The policy version that generated each token."""
+    stopped: bool
+    """True when the model ended its turn itself (end-of-turn token or stop string)."""
+
+
+Generate = Callable[[list[int]], Awaitable[Generation]]
+"""Given the full context's token ids, sample the next answer."""
+
+
+class ChatContext:
+    """The growing token sequence of one episode and its per-token records."""
+
+    def __init__(self, tokenizer, system_prompt: str | None) -> None:
+        self.tokenizer = tokenizer
+        self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.token_ids: list[int] = []
+        self.loss_mask: list[bool] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.turn_end: list[bool] = []
+        self.turns = 0
+        self._glue, self._eot = _template_glue(tokenizer, self.system)
+
+    def add_observation(self, text: str) -> None:
+        """Append the next user turn and the assistant header the model answers after."""
+        if not self.token_ids:
+            rendered = self.tokenizer.apply_chat_template(
+                [*self.system, {"role": "user", "content": text}],
+                add_generation_prompt=True, tokenize=False)
+        else:
+            rendered = self._glue + _render_user(self.tokenizer, self.system, text)
+        self._extend_env(self.tokenizer.encode(rendered, add_special_tokens=False))
+
+    def add_generation(self, gen: Generation) -> None:
+        """Append the model's answer as policy tokens; close the turn if the model did not."""
+        n = len(gen.token_ids)
+        if n == 0 or len(gen.logprobs) != n or len(gen.versions) != n:
+            raise ValueError(f"a generation needs >= 1 token and one log-prob and version per token, "
+                             f"got {n}, {len(gen.logprobs)}, {len(gen.versions)}")
+        self.token_ids += gen.token_ids
+        self.loss_mask += [True] * n
+        self.logprobs += gen.logprobs
+        self.versions += gen.versions
+        self.turn_end += [False] * (n - 1) + [True]
+        self.turns += 1
+        if not gen.stopped:  # truncated: the template's end-of-turn, as environment tokens
+            self._extend_env(self._eot)
+
+    def answer_text(self, gen: Generation) -> str:
+        return self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+
+    def _extend_env(self, ids: list[int]) -> None:
+        n = len(ids)
+        self.token_ids += ids
+        self.loss_mask += [False] * n
+        self.logprobs += [0.0] * n
+        self.versions += [-1] * n
+        self.turn_end += [False] * n
+
+    def to_trajectory(self, turn_rewards: list[float], **fields) -> Trajectory:
+        if len(turn_rewards) != self.turns:
+            raise ValueError(f"{self.turns} turns but {len(turn_rewards)} rewards")
+        return Trajectory(
+            token_ids=np.asarray(self.token_ids, dtype=np.int32),
+            loss_mask=np.asarray(self.loss_mask, dtype=bool),
+            turn_end=np.asarray(self.turn_end, dtype=bool),
+            behaviour_logprobs=np.asarray(self.logprobs, dtype=np.float32),
+            policy_version=np.asarray(self.versions, dtype=np.int32),
+            turn_rewards=np.asarray(turn_rewards, dtype=np.float32),
+            **fields,
+        )
+
+
+def _render_user(tokenizer, system: list[dict], text: str) -> str:
+    """The text a template puts for one more user turn (and the generation prompt) after an
+    assistant turn, found by rendering a probe conversation with and without it."""
+    probe = [*system, {"role": "user", "content": _PROBE}, {"role": "assistant", "content": _PROBE}]
+    before = tokenizer.apply_chat_template(probe, tokenize=False)
+    after = tokenizer.apply_chat_template([*probe, {"role": "user", "content": text}],
+                                          add_generation_prompt=True, tokenize=False)
+    if not after.startswith(before):
+        raise ValueError("the chat template is not prefix-stable: a later turn re-renders earlier ones")
+    return after[len(before):]
+
+
+def _template_glue(tokenizer, system: list[dict]) -> tuple[str, list[int]]:
+    """(text after the end-of-turn token up to the next turn, the end-of-turn token ids).
+
+    With ChatML an assistant turn renders as ``...answer<|im_end|>\\n``: the model generates up
+    to ``<|im_end|>`` (its EOS), and ``\\n`` is glue the environment adds before the next turn.
+    """
+    probe = [*system, {"role": "user", "content": _PROBE}, {"role": "assistant", "content": _PROBE}]
+    rendered = tokenizer.apply_chat_template(probe, tokenize=False)
+    tail = rendered[rendered.rindex(_PROBE) + len(_PROBE):]
+    eos = tokenizer.eos_token or ""
+    if eos and tail.startswith(eos):
+        return tail[len(eos):], tokenizer.encode(eos, add_special_tokens=False)
+    return tail, []
+
+
+@dataclass
+class EpisodeResult:
+    trajectory: Trajectory | None
+    """None when the episode failed (env crash, timeout) and nothing can be trained on."""
+    failure: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, tokenizer, *,
+                      max_turns: int, max_context: int, run_id: str = "", actor_id: int = 0,
+                      episode_id: int = 0, group_id: int = 0, env_name: str = "") -> EpisodeResult:
+    """Play one episode on ``slot`` from ``seed``; see the module docstring for what is recorded.
+
+    The episode ends when the env says done, after ``max_turns`` answers, or when the context
+    would no longer fit ``max_context`` tokens (the trajectory keeps the turns played).
+    """
+    t0 = time.perf_counter()
+    system = await env.system_prompt(slot)
+    obs = (await env.reset([slot], [seed]))[0]
+    if isinstance(system, EpisodeFailure) or isinstance(obs, EpisodeFailure):
+        reason = system.reason if isinstance(system, EpisodeFailure) else obs.reason
+        return EpisodeResult(None, failure=reason)
+    ctx = ChatContext(tokenizer, system)
+    rewards: list[float] = []
+    success = format_ok = 0.0
+    gen_s = env_s = 0.0
+    generated = 0
+    for _ in range(max_turns):
+        ctx.add_observation(obs.text)
+        if len(ctx.token_ids) >= max_context:
+            break
+        t = time.perf_counter()
+        gen = await generate(ctx.token_ids)
+        gen_s += time.perf_counter() - t
+        text = ctx.answer_text(gen)
+        ctx.add_generation(gen)
+        generated += len(gen.token_ids)
+        t = time.perf_counter()
+        result = (await env.step([slot], [text]))[0]
+        env_s += time.perf_counter() - t
+        if isinstance(result, EpisodeFailure):
+            return EpisodeResult(None, failure=result.reason)
+        rewards.append(float(result.reward))
+        success = float(result.info.get("success", False))
+        format_ok += float(result.info.get("format_correct", False))
+        obs = result.observation
+        if result.done:
+            break
+    if not rewards:  # the first observation alone fills the context
+        return EpisodeResult(None, failure="context_overflow")
+    metrics = {
+        "success": success, "turns": float(len(rewards)), "reward": float(sum(rewards)),
+        "format_correct": format_ok / len(rewards), "generated_tokens": float(generated),
+        "context_tokens": float(len(ctx.token_ids)), "generate_s": gen_s, "env_s": env_s,
+        "episode_s": time.perf_counter() - t0,
+    }
+    traj = ctx.to_trajectory(rewards, run_id=run_id, actor_id=actor_id, episode_id=episode_id,
+                             env_name=env_name, seed=seed, group_id=group_id, metrics=metrics,
+                             created_at=time.time())
+    return EpisodeResult(traj, metrics=metrics)

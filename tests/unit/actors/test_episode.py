@@ -1,0 +1,142 @@
+"""actors.episode: the token-in/token-out context and the turn loop, against a real FrozenLake env
+and the tiny tokenizer, with a scripted model (the unit under test is the bookkeeping)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from actors.episode import ChatContext, Generation, run_episode
+from envs.registry import load_config, make
+from envs.wire import EpisodeFailure
+from launch.tiny_tokenizer import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(seed=0)
+
+
+class OneEnvClient:
+    """The EnvClient calls run_episode makes, over one in-process env (slot 0)."""
+
+    def __init__(self, env, fail_step_at: int | None = None):
+        self.env, self.fail_step_at, self.steps = env, fail_step_at, 0
+
+    async def system_prompt(self, slot):
+        return self.env.system_prompt()
+
+    async def reset(self, slots, seeds):
+        return [self.env.reset(seeds[0])]
+
+    async def step(self, slots, texts):
+        self.steps += 1
+        if self.steps == self.fail_step_at:
+            return [EpisodeFailure("worker_crashed")]
+        return [self.env.step(texts[0])]
+
+
+def scripted(tokenizer, answers: list[str], version: int = 7, stop: bool = True):
+    """A Generate that answers each turn with the next text (+ EOS when ``stop``)."""
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    seen = []
+
+    async def generate(ids):
+        seen.append(list(ids))
+        toks = tokenizer.encode(answers[len(seen) - 1], add_special_tokens=False) + ([eos] if stop else [])
+        return Generation(toks, [-0.25] * len(toks), [version] * len(toks), stopped=stop)
+
+    return generate, seen
+
+
+def _solution_answers(seed: int) -> list[str]:
+    env = make("frozenlake", **load_config("frozenlake"))
+    env.reset(seed)
+    moves = env.game.solve()
+    return [f"<think><observation>{env.state_text()}</observation><reasoning>go</reasoning>"
+            f"<prediction>closer</prediction></think><answer>{','.join(moves[i:i + 1])}</answer>"
+            for i in range(len(moves))]
+
+
+def test_context_equals_the_chat_template_of_the_whole_conversation(tokenizer):
+    env = make("frozenlake", **load_config("frozenlake"))
+    answers = ["<think>a</think><answer>Up</answer>", "<think>b</think><answer>Left</answer>",
+               "<think>c</think><answer>Down</answer>"]
+    generate, seen = scripted(tokenizer, answers)
+    result = asyncio.run(run_episode(generate, OneEnvClient(env), 0, 5, tokenizer,
+                                     max_turns=3, max_context=4096))
+    traj = result.trajectory
+    n = int(traj.turn_end.sum())
+    # Rebuild the conversation as messages and render it in one go: same text as our ids.
+    env2 = make("frozenlake", **load_config("frozenlake"))
+    msgs = [{"role": "system", "content": env2.system_prompt()},
+            {"role": "user", "content": env2.reset(5).text}]
+    for a in answers[:n]:
+        msgs.append({"role": "assistant", "content": a})
+        step = env2.step(a)
+        if step.done:
+            break
+        msgs.append({"role": "user", "content": step.observation.text})
+    whole = tokenizer.apply_chat_template(msgs, tokenize=False)
+    got = tokenizer.decode(traj.token_ids.tolist())
+    assert whole.startswith(got) and whole[len(got):] == "\n"  # only the final glue is missing
+    # Every prompt the model was given is a prefix of the final sequence (nothing re-tokenized).
+    for ids in seen:
+        assert traj.token_ids[:len(ids)].tolist() == ids
+    assert len(seen) == n == len(traj.turn_rewards)
+
+
+def test_policy_tokens_are_exactly_the_generated_ones(tokenizer):
+    env = make("frozenlake", **load_config("frozenlake"))
+    answers = ["<think>x</think><answer>Up,Up</answer>"] * 3
+    generate, _ = scripted(tokenizer, answers, version=4)
+    traj = asyncio.run(run_episode(generate, OneEnvClient(env), 0, 1, tokenizer,
+                                   max_turns=3, max_context=4096)).trajectory
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    one = tokenizer.encode(answers[0], add_special_tokens=False) + [eos]
+    m = traj.loss_mask
+    assert traj.token_ids[m].tolist() == one * int(traj.turn_end.sum())
+    assert np.all(traj.policy_version[m] == 4) and np.all(traj.policy_version[~m] == -1)
+    assert np.all(traj.behaviour_logprobs[m] == -0.25) and np.all(traj.behaviour_logprobs[~m] == 0)
+    ends = np.flatnonzero(traj.turn_end)
+    assert np.all(traj.token_ids[ends] == eos)  # each turn ends on the generated end-of-turn
+
+
+def test_truncated_answer_gets_the_end_of_turn_as_env_tokens(tokenizer):
+    ctx = ChatContext(tokenizer, "sys")
+    ctx.add_observation("hello")
+    ctx.add_generation(Generation([5, 6], [-1.0, -2.0], [0, 0], stopped=False))
+    ctx.add_observation("again")
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    i = ctx.token_ids.index(6)
+    assert ctx.token_ids[i + 1] == eos and ctx.loss_mask[i + 1] is False
+    assert ctx.turn_end[i] is True and sum(ctx.turn_end) == 1
+
+
+def test_rewards_and_success_of_a_solved_episode(tokenizer):
+    env = make("frozenlake", **load_config("frozenlake"))
+    answers = _solution_answers(3)
+    generate, _ = scripted(tokenizer, answers)
+    result = asyncio.run(run_episode(generate, OneEnvClient(env), 0, 3, tokenizer,
+                                     max_turns=3, max_context=4096))
+    ref = make("frozenlake", **load_config("frozenlake"))
+    ref.reset(3)
+    expected = [ref.step(a).reward for a in answers[:3]]
+    assert result.trajectory.turn_rewards.tolist() == pytest.approx(expected[:len(result.trajectory.turn_rewards)])
+    assert result.metrics["success"] == (1.0 if len(answers) <= 3 else 0.0)
+
+
+def test_env_failure_loses_the_episode_with_its_reason(tokenizer):
+    env = make("frozenlake", **load_config("frozenlake"))
+    generate, _ = scripted(tokenizer, ["<answer>Up</answer>"] * 3)
+    result = asyncio.run(run_episode(generate, OneEnvClient(env, fail_step_at=2), 0, 1, tokenizer,
+                                     max_turns=3, max_context=4096))
+    assert result.trajectory is None and result.failure == "worker_crashed"
+
+
+def test_context_budget_ends_the_episode(tokenizer):
+    env = make("frozenlake", **load_config("frozenlake"))
+    generate, seen = scripted(tokenizer, ["<answer>Up</answer>"] * 3)
+    result = asyncio.run(run_episode(generate, OneEnvClient(env), 0, 1, tokenizer,
+                                     max_turns=3, max_context=10))
+    assert result.trajectory is None and result.failure == "context_overflow" and not seen
