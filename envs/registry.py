@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import importlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,43 @@ def _check_name(name: str) -> None:
         raise ValueError(f"unknown env {name!r}; expected one of {NAMES}")
 
 
-def make(name: str, **config: Any) -> Env:
+def make(name: str, *, step_delay_s: float = 0.0, **config: Any) -> Env:
     """A new env ``name`` built with ``config`` (its factory's defaults for missing keys).
 
+    ``step_delay_s`` > 0 makes every ``reset`` and ``step`` take that much longer (a stand-in for
+    a slow simulator or a remote env service, for throughput benchmarks).
     Raises ValueError for an unknown name or a bad setting, TypeError for an unknown key.
     """
     _check_name(name)
     module, factory = _FACTORIES[name].split(":")
-    return getattr(importlib.import_module(module), factory)(**config)
+    env = getattr(importlib.import_module(module), factory)(**config)
+    if step_delay_s < 0:
+        raise ValueError(f"step_delay_s must be >= 0, got {step_delay_s}")
+    return DelayedEnv(env, step_delay_s) if step_delay_s else env
+
+
+class DelayedEnv:
+    """``env`` whose reset and step each sleep ``delay_s`` first (see ``make``)."""
+
+    def __init__(self, env: Env, delay_s: float) -> None:
+        self.env, self.delay_s = env, delay_s
+
+    def system_prompt(self) -> str:
+        return self.env.system_prompt()
+
+    def reset(self, seed: int):
+        time.sleep(self.delay_s)
+        return self.env.reset(seed)
+
+    def step(self, llm_text: str):
+        time.sleep(self.delay_s)
+        return self.env.step(llm_text)
+
+    def state_text(self) -> str:
+        return self.env.state_text()
+
+    def close(self) -> None:
+        self.env.close()
 
 
 def load_config(name: str) -> dict[str, Any]:

@@ -56,3 +56,29 @@ def test_unknown_name_or_key_is_an_error():
         load_config("chess")
     with pytest.raises(TypeError):
         make("sokoban", dim_room=6)
+
+
+def test_step_delay_slows_reset_and_step_and_keeps_the_episode():
+    import time
+
+    from envs.registry import load_config, make
+
+    plain = make("frozenlake", **load_config("frozenlake"))
+    slow = make("frozenlake", step_delay_s=0.05, **load_config("frozenlake"))
+    t0 = time.perf_counter()
+    obs = slow.reset(7)
+    result = slow.step("<answer>Up</answer>")
+    elapsed = time.perf_counter() - t0
+    assert elapsed >= 0.1
+    assert obs.text == plain.reset(7).text
+    assert result.reward == plain.step("<answer>Up</answer>").reward
+    assert slow.system_prompt() == plain.system_prompt()
+
+
+def test_negative_step_delay_is_refused():
+    import pytest
+
+    from envs.registry import load_config, make
+
+    with pytest.raises(ValueError, match="step_delay_s"):
+        make("frozenlake", step_delay_s=-1, **load_config("frozenlake"))
