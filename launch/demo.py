@@ -1,4 +1,4 @@
-"""`make train` until the asynchronous loop lands: a synchronous RL loop in one process.
+"""`python -m launch.demo`: a synchronous RL loop in one process (the smallest end-to-end check).
 
 It runs what exists end to end, with the real parts: builds the tiny model if no model is given
 (any Hugging Face path or hub id works), samples groups of responses with vLLM (behaviour
@@ -34,7 +34,7 @@ PROMPTS = [
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m launch.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m launch.demo", description=__doc__.splitlines()[0])
     p.add_argument("--model", help="HF path or hub id; default: build the tiny model in <out>/tiny-model")
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="run directory")
     p.add_argument("--steps", type=int, default=40)

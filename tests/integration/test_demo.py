@@ -1,6 +1,6 @@
 """`make train`'s synchronous demo loop: real vLLM sampling, real weight hot-swap, learning.
 
-Runs `python -m launch.train` in a child process (its vLLM engine dies with it) on the tiny model.
+Runs `python -m launch.demo` in a child process (its vLLM engine dies with it) on the tiny model.
 """
 
 import json
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_loop_learns_and_keeps_vllm_in_sync(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.train", "--steps", "20", "--out", str(out)],
+        [sys.executable, "-m", "launch.demo", "--steps", "20", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
