@@ -1,0 +1,453 @@
+"""The inference actor: one vLLM AsyncLLM engine playing many multi-turn episodes at once.
+
+The launcher (launch/controller.py) wraps ``InferenceActor`` as an async Ray actor
+(``ray.remote(InferenceActor)``) and drives it: ``start``, ``join_weight_group``, then ``run`` in
+the background (or ``run(num_episodes=n)`` per step in sync mode), ``update_weights`` whenever the
+learner publishes, ``evaluate``, ``stats``, ``close``. No Ray here: every method is a plain
+coroutine, so tests drive the class with ``asyncio`` directly.
+
+Invariants:
+- Token in, token out: episodes are actors/episode.py's ``run_episode``; the model is reached
+  through a ``Generate`` that hands the engine the context's token ids and returns the sampled
+  ids with their ``processed_logprobs`` (log-softmax of logits / T: the distribution sampled
+  from). Nothing is re-tokenized. Batching across episodes is the engine's: each episode keeps
+  one request in flight, ``concurrency`` of them at once.
+- Every policy token carries the weight version that sampled it, read from vLLM's per-request
+  ``weight_versions`` spans; a weight update in flight therefore splits an answer cleanly.
+- An env failure (crashed or hung worker, env exception, service timeout) loses one episode and
+  is counted by reason; it never stops the actor. Engine errors do propagate out of ``run``.
+- GRPO groups: ``group_size`` consecutive episodes share a seed and a ``group_id`` that is unique
+  across actors (``actor_id * GROUP_STRIDE + k``). Seeds come from a stream fixed by
+  (``seed``, ``actor_id``), within ``train_seeds`` (keep it clear of the evaluation seeds).
+- Each episode holds one env slot; training and evaluation episodes share the slots.
+- Backpressure: a trajectory is sent from one sender thread and its episode counts against
+  ``concurrency`` until the learner has granted the credit to send it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from actors.episode import EpisodeResult, Generate, Generation, run_episode
+from envs.pool import EnvPool
+from envs.registry import load_config
+from envs.service import EnvServiceError, LocalEnvClient, RemoteEnvClient
+from transport.schema import Trajectory
+from transport.stream import TrajectorySender
+
+log = logging.getLogger(__name__)
+
+EXTENSION = "actors.vllm_extension.WeightSyncExtension"
+GROUP_STRIDE = 10**9
+"""group_id = actor_id * GROUP_STRIDE + the actor's group count: unique across actors."""
+COUNTS = ("episodes_started", "episodes_done", "episodes_failed", "episodes_unsent",
+          "tokens_generated", "weight_updates", "weight_update_failures")
+"""Counters in ``stats()``, next to ``failed/<reason>`` per failure reason and ``episodes_sent``."""
+TIMES = ("engine_start_s", "generate_s", "env_s", "weights_s", "idle_s")
+"""Seconds in ``stats()`` as ``time/<name>``: generate_s / env_s summed over training episodes
+(they overlap), weights_s in ``update_weights``, idle_s with no request in the engine."""
+
+
+@dataclass
+class ActorConfig:
+    """One inference actor: its engine, its envs, its sampling and where its episodes go."""
+
+    model_path: str
+    """Hugging Face model directory the engine starts from (weights and tokenizer)."""
+    actor_id: int = 0
+    run_id: str = ""
+    dtype: str = "float32"
+    env_name: str = "frozenlake"
+    """A registry name (configs/env/<name>.yaml supplies defaults) or an importable "module:callable"."""
+    env_config: dict[str, Any] = field(default_factory=dict)
+    """Overrides on the env's YAML defaults (keyword arguments of its make_env)."""
+    env_workers: int = 1
+    """Env worker processes of the in-process pool."""
+    envs_per_worker: int = 4
+    """Env slots = env_workers * envs_per_worker: the most episodes in flight."""
+    env_address: str | None = None
+    """tcp://host:port of an env service (python -m envs.main) instead of an in-process pool."""
+    env_slot_offset: int = 0
+    """First slot this actor owns on a shared env service (remote envs only)."""
+    concurrency: int = 4
+    """Training episodes in flight; at most the number of env slots."""
+    group_size: int = 1
+    """Episodes per seed (a GRPO group)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 96
+    """Tokens per answer (per turn)."""
+    max_turns: int = 3
+    max_context: int = 2048
+    """The engine's max_model_len: an episode ends when its context would not fit."""
+    kv_cache_bytes: int = 256 << 20
+    """Always explicit: on CPU vLLM would otherwise reserve most of the host's memory."""
+    seed: int = 0
+    """Seeds the engine's sampler and, with actor_id, the stream of episode seeds."""
+    train_seeds: tuple[int, int] = (0, 1_000_000)
+    """Episode seeds are drawn from [low, high)."""
+    learner_address: str | None = None
+    """The learner's trajectory stream (transport/stream.py); None: trajectories are not sent."""
+    initial_version: int = 0
+    """The weight version of ``model_path``."""
+
+    def __post_init__(self) -> None:
+        self.train_seeds = tuple(self.train_seeds)
+        slots = self.env_workers * self.envs_per_worker
+        if not self.model_path:
+            raise ValueError("model_path is required")
+        if min(self.env_workers, self.envs_per_worker, self.concurrency, self.group_size,
+               self.max_tokens, self.max_turns) < 1:
+            raise ValueError("env_workers, envs_per_worker, concurrency, group_size, max_tokens "
+                             "and max_turns must be >= 1")
+        if self.concurrency > slots:
+            raise ValueError(f"concurrency {self.concurrency} exceeds the {slots} env slots")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ValueError("training needs temperature > 0 and top_p in (0, 1]")
+        if self.env_slot_offset and not self.env_address:
+            raise ValueError("env_slot_offset is for a shared env service (env_address)")
+        if len(self.train_seeds) != 2 or not 0 <= self.train_seeds[0] < self.train_seeds[1]:
+            raise ValueError(f"train_seeds must be [low, high) with 0 <= low < high, got {self.train_seeds}")
+
+    @property
+    def num_slots(self) -> int:
+        return self.env_workers * self.envs_per_worker
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ActorConfig":
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown actor config keys {sorted(unknown)}")
+        return cls(**d)
+
+
+class WeightUpdateError(RuntimeError):
+    """The weight broadcast failed; the engine serves on, with the previous weights."""
+
+
+class InferenceActor:
+    """Plays episodes with a vLLM engine and streams their trajectories to the learner."""
+
+    def __init__(self, config: ActorConfig | Mapping[str, Any], *, engine=None, env=None,
+                 tokenizer=None) -> None:
+        """Cheap: nothing starts before ``start``. ``engine`` (an AsyncLLM), ``env`` (an EnvClient)
+        and ``tokenizer`` are built from the config unless given (fakes in unit tests); given or
+        built, ``close`` closes them."""
+        self.cfg = config if isinstance(config, ActorConfig) else ActorConfig.from_dict(config)
+        self.engine, self.env, self.tokenizer = engine, env, tokenizer
+        self.version = self.cfg.initial_version
+        self._pool: EnvPool | None = None
+        self._sender: TrajectorySender | None = None
+        self._send_thread = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{self.cfg.actor_id}-send")
+        self._slots: asyncio.Queue[int] | None = None
+        self._room: asyncio.Semaphore | None = None
+        self._update_lock: asyncio.Lock | None = None
+        self._driver: asyncio.Task | None = None
+        self._started = self._stopping = self._closed = False
+        self._seed_rng = np.random.default_rng([self.cfg.seed, self.cfg.actor_id])
+        self._group_seed, self._group_id, self._groups, self._member = 0, 0, 0, 0
+        self._episode_ids = itertools.count()
+        self._request_ids = itertools.count()
+        self.counts: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
+        self.times: Counter[str] = Counter(dict.fromkeys(TIMES, 0.0))
+        self._requests = 0
+        self._idle_since = time.perf_counter()
+
+    # --- life cycle ---------------------------------------------------------------------------
+    async def start(self) -> dict[str, float]:
+        """Build what was not given: the env pool (or service client), the engine, the sender."""
+        if self._started:
+            return {"start_s": self.times["engine_start_s"]}
+        self._started = True
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        self._slots = asyncio.Queue()
+        for slot in range(cfg.env_slot_offset, cfg.env_slot_offset + cfg.num_slots):
+            self._slots.put_nowait(slot)
+        self._room = asyncio.Semaphore(cfg.concurrency)
+        self._update_lock = asyncio.Lock()
+        pool = None
+        if self.env is None and not cfg.env_address:  # the pool starts in a thread meanwhile
+            pool = asyncio.get_running_loop().run_in_executor(None, self._build_pool)
+        try:
+            if self.engine is None:
+                self._start_engine()
+            await self.engine.update_weight_version(str(self.version))
+            if pool is not None:
+                self._pool = await pool
+                self.env = LocalEnvClient(self._pool)
+            elif self.env is None:
+                self.env = RemoteEnvClient(cfg.env_address)
+                await self._check_remote_slots()
+            if cfg.learner_address:
+                self._sender = TrajectorySender(cfg.learner_address, cfg.actor_id)
+        except BaseException:
+            if pool is not None and self._pool is None:
+                await asyncio.wait([pool])  # let the pool finish starting, so close() stops it
+                self._pool = None if pool.cancelled() or pool.exception() else pool.result()
+            await self.close()
+            raise
+        self._idle_since = time.perf_counter()
+        self.times["engine_start_s"] = time.perf_counter() - t0
+        return {"start_s": self.times["engine_start_s"]}
+
+    def _start_engine(self) -> None:
+        from transformers import AutoTokenizer
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.cfg
+        if self.tokenizer is None:
+            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
+            model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
+            kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,
+            max_num_seqs=cfg.num_slots, logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION, disable_log_stats=True))
+
+    def _build_pool(self) -> EnvPool:
+        name, overrides = self.cfg.env_name, self.cfg.env_config
+        config = dict(overrides) if ":" in name else {**load_config(name), **overrides}
+        return EnvPool((name, config), num_workers=self.cfg.env_workers,
+                       envs_per_worker=self.cfg.envs_per_worker)
+
+    async def _check_remote_slots(self) -> None:
+        have = (await self.env.ping())["num_slots"]
+        need = self.cfg.env_slot_offset + self.cfg.num_slots
+        if have < need:
+            raise ValueError(f"the env service at {self.cfg.env_address} has {have} slots, "
+                             f"this actor needs slots up to {need}")
+
+    async def stop(self) -> None:
+        """Stop ``run``: no new episodes; those in flight are dropped (their env slots reset later)."""
+        self._stopping = True
+        driver = self._driver
+        if driver is not None and not driver.done():
+            driver.cancel()
+            await asyncio.wait([driver])
+
+    async def close(self) -> None:
+        """Stop, flush the sender, shut the engine and the env pool down. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.stop()
+        await asyncio.get_running_loop().run_in_executor(None, self._close_sender)
+        if self.env is not None:
+            await self.env.close()
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None  # vLLM's __del__ shuts down again: let it run now, not at exit
+        if self._pool is not None:
+            self._pool.close()
+
+    def _close_sender(self) -> None:
+        self._send_thread.shutdown(wait=True)  # the last send gives up within 0.5 s once closed
+        if self._sender is not None:  # closed from no other thread than the one that sent
+            self._sender.close(flush_s=5.0)
+
+    # --- training episodes --------------------------------------------------------------------
+    async def run(self, num_episodes: int | None = None) -> dict[str, Any]:
+        """Play training episodes, ``concurrency`` at a time, sending each finished trajectory.
+
+        Returns after ``num_episodes`` have ended (sent or failed) or when ``stop`` is called;
+        returns ``stats()``. Raises what the engine raises; env failures only count.
+        """
+        self._require_started()
+        if self._driver is not None and not self._driver.done():
+            raise RuntimeError("run is already going")
+        self._stopping = False
+        self._driver = asyncio.create_task(self._drive(num_episodes))
+        try:
+            await self._driver
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+        except BaseExceptionGroup as group:  # an episode's error (the others were cancelled)
+            raise group.exceptions[0] from group
+        return await self.stats()
+
+    async def _drive(self, num_episodes: int | None) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            for _ in itertools.count() if num_episodes is None else range(num_episodes):
+                await self._room.acquire()
+                seed, group_id = self._next_group_member()
+                tasks.create_task(self._train_episode(seed, group_id))
+
+    def _next_group_member(self) -> tuple[int, int]:
+        if self._member == 0:
+            self._group_seed = int(self._seed_rng.integers(*self.cfg.train_seeds))
+            self._group_id = self.cfg.actor_id * GROUP_STRIDE + self._groups
+            self._groups += 1
+        self._member = (self._member + 1) % self.cfg.group_size
+        return self._group_seed, self._group_id
+
+    async def _train_episode(self, seed: int, group_id: int) -> None:
+        try:
+            self.counts["episodes_started"] += 1
+            result = await self._play(seed, group_id, self.cfg.temperature, self.cfg.top_p)
+            if result.trajectory is None:
+                self.counts["episodes_failed"] += 1
+                self.counts[f"failed/{result.failure.split(':')[0]}"] += 1
+                return
+            self.counts["episodes_done"] += 1
+            self.times["generate_s"] += result.metrics["generate_s"]
+            self.times["env_s"] += result.metrics["env_s"]
+            if self._sender is not None:
+                sending = asyncio.get_running_loop().run_in_executor(self._send_thread, self._send,
+                                                                     result.trajectory)
+                await asyncio.shield(sending)  # a finished episode is sent even if run is stopped
+        finally:
+            self._room.release()
+
+    def _send(self, trajectory: Trajectory) -> None:
+        """In the sender thread: wait for credit; once the actor is closing, for 0.5 s at most."""
+        while True:
+            try:
+                self._sender.send(trajectory, timeout_s=0.5)
+                return
+            except TimeoutError:
+                if self._closed:
+                    self.counts["episodes_unsent"] += 1
+                    return
+
+    async def _play(self, seed: int, group_id: int, temperature: float, top_p: float,
+                    logprobs: bool = True) -> EpisodeResult:
+        slot = await self._slots.get()
+        try:
+            return await run_episode(
+                self._generator(temperature, top_p, logprobs), self.env, slot, seed, self.tokenizer,
+                max_turns=self.cfg.max_turns, max_context=self.cfg.max_context, run_id=self.cfg.run_id,
+                actor_id=self.cfg.actor_id, episode_id=next(self._episode_ids), group_id=group_id,
+                env_name=self.cfg.env_name)
+        except EnvServiceError as e:  # the remote service answered with an error: only this episode
+            log.warning("env service error on slot %d: %s", slot, e)
+            return EpisodeResult(None, failure="env_service_error")
+        finally:
+            self._slots.put_nowait(slot)
+
+    # --- generation ---------------------------------------------------------------------------
+    def _generator(self, temperature: float, top_p: float, logprobs: bool) -> Generate:
+        async def generate(ids: list[int]) -> Generation:
+            params = _sampling_params(temperature=temperature, top_p=top_p, detokenize=False,
+                                    max_tokens=min(self.cfg.max_tokens, self.cfg.max_context - len(ids)),
+                                    logprobs=0 if logprobs else None)
+            request_id = f"actor{self.cfg.actor_id}-{next(self._request_ids)}"
+            final = None
+            self._busy(+1)
+            try:
+                async for final in self.engine.generate({"prompt_token_ids": ids}, params, request_id):
+                    pass
+            finally:
+                self._busy(-1)
+            return self._to_generation(final.outputs[0], logprobs)
+
+        return generate
+
+    def _to_generation(self, out, logprobs: bool) -> Generation:
+        ids = list(out.token_ids)
+        self.counts["tokens_generated"] += len(ids)
+        lps = [out.logprobs[i][t].logprob for i, t in enumerate(ids)] if logprobs else [0.0] * len(ids)
+        versions = [self.version] * len(ids)  # vLLM reports no spans only if no version was ever set
+        for span in out.weight_versions or ():
+            versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
+        return Generation(ids, lps, versions, stopped=out.finish_reason == "stop")
+
+    def _busy(self, delta: int) -> None:
+        """Counts requests in flight; the engine is idle while there are none."""
+        now = time.perf_counter()
+        if self._requests == 0:
+            self.times["idle_s"] += now - self._idle_since
+        self._requests += delta
+        if self._requests == 0:
+            self._idle_since = now
+
+    # --- weights ------------------------------------------------------------------------------
+    async def join_weight_group(self, host: str, port: int, rank: int, world_size: int,
+                                timeout_s: float = 60.0) -> None:
+        """Connect the engine's worker to the learner's weight group (again after a failure)."""
+        self._require_started()
+        await self.engine.collective_rpc("join_weight_group", args=(host, port, rank, world_size, timeout_s))
+
+    async def update_weights(self, version: int) -> dict[str, float]:
+        """Receive the learner's publish of ``version`` in flight; returns timings in seconds.
+
+        Requests in flight are kept: they pause, and continue on the new weights with their KV
+        recomputed. The learner publishes concurrently (the receive blocks until it does, at most
+        the group's timeout). Raises ``WeightUpdateError`` on failure, with generation resumed on
+        the old weights: re-form the group and call ``join_weight_group`` again.
+        """
+        self._require_started()
+        async with self._update_lock:
+            t0 = time.perf_counter()
+            await self.engine.pause_generation(mode="keep")
+            t1 = time.perf_counter()
+            try:
+                received = await self.engine.collective_rpc("receive_weights")
+            except Exception as e:
+                await self.engine.resume_generation()
+                self.counts["weight_update_failures"] += 1
+                self.times["weights_s"] += time.perf_counter() - t0
+                raise WeightUpdateError(f"actor {self.cfg.actor_id}: receiving version {version} "
+                                        f"failed, still serving version {self.version}: {e}") from e
+            t2 = time.perf_counter()
+            got = int(received[0])
+            if got != version:  # label the truth: the tokens are sampled with what arrived
+                log.warning("actor %d asked for version %d, received %d", self.cfg.actor_id, version, got)
+            await self.engine.reset_prefix_cache(reset_running_requests=True)
+            await self.engine.update_weight_version(str(got))
+            self.version = got
+            await self.engine.resume_generation()
+            t3 = time.perf_counter()
+        self.counts["weight_updates"] += 1
+        self.times["weights_s"] += t3 - t0
+        return {"version": got, "pause_s": t1 - t0, "receive_s": t2 - t1, "total_s": t3 - t0}
+
+    # --- evaluation and statistics ------------------------------------------------------------
+    async def evaluate(self, seeds: list[int], temperature: float = 0.0) -> dict[str, float]:
+        """Episodes on held-out ``seeds`` (greedy by default), not sent to the learner.
+
+        Means over the ``n`` episodes that finished (env failures are left out).
+        """
+        self._require_started()
+        top_p = 1.0
+        results = await asyncio.gather(*(
+            self._play(seed, -1, temperature, top_p, logprobs=False) for seed in seeds))
+        done = [r.metrics for r in results if r.trajectory is not None]
+        out = {key: float(np.mean([m[key] for m in done])) if done else 0.0
+               for key in ("success", "reward", "format_correct", "turns")}
+        return {**out, "n": len(done)}
+
+    async def stats(self) -> dict[str, Any]:
+        """Counters since start: episodes, failures by reason, tokens, version, times (seconds)."""
+        idle = self.times["idle_s"]
+        if self._requests == 0:
+            idle += time.perf_counter() - self._idle_since
+        out: dict[str, Any] = {"actor_id": self.cfg.actor_id, "version": self.version,
+                               "episodes_sent": self._sender.sent if self._sender else 0}
+        out.update(self.counts)
+        out.update({f"time/{k}": v for k, v in self.times.items()})
+        out["time/idle_s"] = idle
+        if self._pool is not None and not self._closed:  # a remote service's stats are its own
+            out.update({f"env/{k}": v for k, v in self._pool.stats().items()})
+        return out
+
+    def _require_started(self) -> None:
+        if not self._started or self._closed:
+            raise RuntimeError("the actor is not started (or already closed)")
+
+
+def _sampling_params(**kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(**kwargs)

@@ -1,0 +1,233 @@
+"""actors.actor without vLLM: the config, the episode scheduler (groups, seeds, failures, stop),
+the weight-update sequence and its failure path, over a fake engine, in-process FrozenLake envs,
+the tiny tokenizer and a real TrajectoryReceiver on loopback. The real engine is
+tests/integration/test_actor.py's."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from actors import actor as actor_mod
+from actors.actor import GROUP_STRIDE, ActorConfig, InferenceActor, WeightUpdateError
+from envs.registry import load_config, make
+from envs.wire import EpisodeFailure
+from launch.tiny_tokenizer import build_tokenizer
+from transport.stream import TrajectoryReceiver
+
+ANSWER = "<think>x</think><answer>Up</answer>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(seed=0)
+
+
+@pytest.fixture(autouse=True)
+def no_vllm(monkeypatch):
+    monkeypatch.setattr(actor_mod, "_sampling_params", lambda **kw: SimpleNamespace(**kw))
+
+
+class FakeEngine:
+    """The AsyncLLM calls the actor makes. Every answer is ANSWER + EOS, labelled with the version."""
+
+    def __init__(self, answer_ids: list[int], fail_receive: bool = False, fail_generate: bool = False):
+        self.answer, self.fail_receive, self.fail_generate = answer_ids, fail_receive, fail_generate
+        self.version, self.calls, self.paused = None, [], False
+
+    async def generate(self, prompt, params, request_id):
+        assert isinstance(prompt["prompt_token_ids"], list) and params.max_tokens >= 1
+        while self.paused:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)
+        if self.fail_generate:
+            raise RuntimeError("engine dead")
+        n = len(self.answer)
+        out = SimpleNamespace(token_ids=self.answer, finish_reason="stop",
+                              logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in self.answer],
+                              weight_versions=[SimpleNamespace(version=self.version, start=0, end=n)])
+        yield SimpleNamespace(outputs=[out])
+
+    async def update_weight_version(self, version: str):
+        self.version = version
+        self.calls.append(("version", version))
+
+    async def pause_generation(self, mode):
+        self.paused = True
+        self.calls.append(("pause", mode))
+
+    async def resume_generation(self):
+        self.paused = False
+        self.calls.append(("resume",))
+
+    async def collective_rpc(self, method, args=()):
+        self.calls.append((method,))
+        if method == "receive_weights" and self.fail_receive:
+            raise RuntimeError("Worker failed with error 'receive failed'")
+        return [int(self.version) + 1] if method == "receive_weights" else [None]
+
+    async def reset_prefix_cache(self, reset_running_requests=False):
+        self.calls.append(("reset", reset_running_requests))
+
+    def shutdown(self):
+        self.calls.append(("shutdown",))
+
+
+class FakeEnvs:
+    """One in-process FrozenLake per slot; a step on ``fail_seed``'s episode fails its worker."""
+
+    def __init__(self, fail_seed: int | None = None):
+        self.envs, self.seeds, self.fail_seed = {}, {}, fail_seed
+
+    def _env(self, slot):
+        return self.envs.setdefault(slot, make("frozenlake", **load_config("frozenlake")))
+
+    async def system_prompt(self, slot):
+        return self._env(slot).system_prompt()
+
+    async def reset(self, slots, seeds):
+        self.seeds[slots[0]] = seeds[0]
+        return [self._env(slots[0]).reset(seeds[0])]
+
+    async def step(self, slots, texts):
+        if self.seeds[slots[0]] == self.fail_seed:
+            return [EpisodeFailure("worker_crashed")]
+        return [self._env(slots[0]).step(texts[0])]
+
+    async def stats(self):
+        return {"steps": 0}
+
+    async def close(self):
+        pass
+
+
+def _actor(tokenizer, engine=None, envs=None, **cfg):
+    cfg = {"model_path": "unused", "actor_id": 2, "envs_per_worker": 4, "concurrency": 3,
+           "max_tokens": 16, **cfg}
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    engine = engine or FakeEngine(tokenizer.encode(ANSWER, add_special_tokens=False) + [eos])
+    return InferenceActor(cfg, engine=engine, env=envs or FakeEnvs(), tokenizer=tokenizer)
+
+
+async def _received(receiver, n: int, timeout_s: float = 5.0) -> list:
+    got, loop = [], asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while len(got) < n and loop.time() < deadline:
+        for actor, traj, nbytes in receiver.poll(0):
+            got.append(traj)
+            receiver.release(actor, nbytes)
+        await asyncio.sleep(0.005)
+    return got
+
+
+def test_config_rejects_unknown_keys_and_bad_values():
+    with pytest.raises(ValueError, match="unknown actor config keys"):
+        ActorConfig.from_dict({"model_path": "m", "temprature": 1.0})
+    with pytest.raises(ValueError, match="exceeds"):
+        ActorConfig(model_path="m", concurrency=5, env_workers=1, envs_per_worker=4)
+    with pytest.raises(ValueError, match="env service"):
+        ActorConfig(model_path="m", env_slot_offset=4)
+    assert ActorConfig.from_dict({"model_path": "m", "train_seeds": [5, 9]}).train_seeds == (5, 9)
+
+
+def test_groups_share_seeds_and_trajectories_reach_the_learner(tokenizer):
+    receiver = TrajectoryReceiver("tcp://127.0.0.1:0")
+
+    async def scenario():
+        actor = _actor(tokenizer, group_size=3, learner_address=receiver.address, seed=11)
+        await actor.start()
+        running = asyncio.create_task(actor.run(num_episodes=6))
+        trajs = await _received(receiver, 6)
+        stats = await running
+        await actor.close()
+        return stats, trajs
+
+    try:
+        stats, trajs = asyncio.run(scenario())
+    finally:
+        receiver.close()
+    assert stats["episodes_done"] == stats["episodes_sent"] == 6 and len(trajs) == 6
+    assert sorted({t.group_id for t in trajs}) == [2 * GROUP_STRIDE, 2 * GROUP_STRIDE + 1]
+    for g in {t.group_id for t in trajs}:
+        assert len({t.seed for t in trajs if t.group_id == g}) == 1
+    assert all(set(t.policy_version[t.loss_mask].tolist()) == {0} for t in trajs)
+    # The seed stream is fixed by (seed, actor_id).
+    a, b, c = (_actor(tokenizer, seed=s, actor_id=i) for s, i in ((11, 2), (11, 2), (11, 3)))
+    draws = [[x._next_group_member()[0] for _ in range(5)] for x in (a, b, c)]
+    assert draws[0] == draws[1] != draws[2]
+
+
+def test_env_failures_lose_episodes_not_the_actor(tokenizer):
+    first_seed = _actor(tokenizer, group_size=2)._next_group_member()[0]  # the same seed stream
+
+    async def scenario():
+        actor = _actor(tokenizer, envs=FakeEnvs(fail_seed=first_seed), group_size=2)
+        await actor.start()
+        stats = await actor.run(num_episodes=6)
+        await actor.close()
+        return stats
+
+    stats = asyncio.run(scenario())
+    assert stats["episodes_failed"] == stats["failed/worker_crashed"] == 2  # the first group
+    assert stats["episodes_done"] == 4
+
+
+def test_stop_ends_run_and_engine_errors_propagate(tokenizer):
+    async def scenario():
+        actor = _actor(tokenizer)
+        await actor.start()
+        running = asyncio.create_task(actor.run())
+        while actor.counts["episodes_done"] < 5:
+            await asyncio.sleep(0.005)
+        await actor.stop()
+        stats = await running
+        broken = _actor(tokenizer)
+        await broken.start()
+        broken.engine.fail_generate = True
+        with pytest.raises(RuntimeError, match="engine dead"):
+            await broken.run(num_episodes=3)
+        await actor.close()
+        await actor.close()  # idempotent
+        await broken.close()
+        return stats, actor.engine
+
+    stats, engine = asyncio.run(scenario())
+    assert stats["episodes_done"] >= 5 and engine is None
+
+
+def test_weight_update_sequence_and_failure(tokenizer):
+    async def scenario():
+        ok = _actor(tokenizer)
+        await ok.start()
+        timings = await ok.update_weights(1)
+        calls = list(ok.engine.calls)
+        bad = _actor(tokenizer, engine=FakeEngine([5], fail_receive=True))
+        await bad.start()
+        with pytest.raises(WeightUpdateError, match="still serving version 0"):
+            await bad.update_weights(1)
+        result = (calls, timings, await ok.stats(), await bad.stats(), bad.engine.paused)
+        await ok.close()
+        await bad.close()
+        return result
+
+    calls, timings, ok, bad, paused = asyncio.run(scenario())
+    assert calls == [("version", "0"), ("pause", "keep"), ("receive_weights",), ("reset", True),
+                     ("version", "1"), ("resume",)]
+    assert timings["version"] == 1 and timings["total_s"] >= timings["receive_s"] >= 0
+    assert ok["version"] == 1 and ok["weight_updates"] == 1
+    assert bad["version"] == 0 and bad["weight_update_failures"] == 1 and not paused
+
+
+def test_evaluate_plays_greedy_episodes_without_sending(tokenizer):
+    async def scenario():
+        actor = _actor(tokenizer)
+        await actor.start()
+        out = await actor.evaluate([1, 2, 3, 4, 5])
+        stats = await actor.stats()
+        await actor.close()
+        return out, stats
+
+    out, stats = asyncio.run(scenario())
+    assert set(out) == {"success", "reward", "format_correct", "turns", "n"}
+    assert out["n"] == 5 and 1 <= out["turns"] <= 3
+    assert stats["episodes_done"] == 0  # evaluation is not training
