@@ -1,0 +1,101 @@
+"""What a run writes and shows: metrics.jsonl, a progress line, wandb, the learning-curve PNG.
+
+Called by the controller (launch/controller.py) once per learner step and per evaluation.
+Invariants: every record is one JSON line in ``<run dir>/metrics.jsonl`` (``kind`` is ``train``
+or ``eval``) written before anything else can fail; wandb is optional and offline unless the
+config says online; the PNG is redrawn from the records, so it always matches the jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+PROGRESS_KEYS = (
+    ("step", "step", "{:.0f}"),
+    ("success", "rollout/success", "{:.2f}"),
+    ("reward", "rollout/reward", "{:.2f}"),
+    ("stale", "policy/staleness_mean", "{:.2f}"),
+    ("traj/s", "throughput/trajectories_per_s", "{:.1f}"),
+    ("tok/s", "throughput/tokens_per_s", "{:.0f}"),
+)
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, config: dict[str, Any], *, wandb_mode: str = "offline",
+                 use_wandb: bool = True, project: str = "vagen-async", name: str = "") -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.records: list[dict[str, Any]] = []
+        self._file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._t0 = time.time()
+        self._wandb = None
+        if use_wandb and wandb_mode != "disabled":
+            import wandb
+
+            self._wandb = wandb.init(project=project, name=name or None, dir=str(self.run_dir),
+                                     mode=wandb_mode, config=config, reinit="finish_previous")
+
+    def log(self, kind: str, step: int, metrics: dict[str, float]) -> dict[str, Any]:
+        record = {"kind": kind, "step": step, "time_s": round(time.time() - self._t0, 2),
+                  **{k: _plain(v) for k, v in metrics.items()}}
+        self.records.append(record)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._wandb is not None:
+            self._wandb.log({f"{kind}/{k}" if kind == "eval" else k: v for k, v in record.items()
+                             if isinstance(v, (int, float)) and k not in ("step", "kind")}, step=step)
+        return record
+
+    def progress(self, record: dict[str, Any]) -> str:
+        parts = [f"{name} " + fmt.format(record[key]) for name, key, fmt in PROGRESS_KEYS
+                 if isinstance(record.get(key), (int, float))]
+        line = f"[{record['time_s']:7.1f}s] " + " | ".join(parts)
+        print(line, flush=True)
+        return line
+
+    def plot(self) -> Path | None:
+        """learning_curve.png: training success/reward per step and greedy eval success."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        train = [r for r in self.records if r["kind"] == "train" and "rollout/success" in r]
+        evals = [r for r in self.records if r["kind"] == "eval" and "success" in r]
+        if not train and not evals:
+            return None
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if train:
+            ax.plot([r["step"] for r in train], [r["rollout/success"] for r in train],
+                    label="rollout success (sampled)", alpha=0.6)
+        if evals:
+            ax.plot([r["step"] for r in evals], [r["success"] for r in evals], "o-",
+                    label="eval success (greedy, held-out seeds)")
+        ax.set_xlabel("learner step")
+        ax.set_ylabel("success rate")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+        path = self.run_dir / "learning_curve.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def close(self) -> None:
+        self._file.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if hasattr(v, "item"):
+        return v.item()
+    return v

@@ -1,0 +1,28 @@
+"""launch.metrics.RunLogger: jsonl records, progress line, learning-curve PNG."""
+
+import json
+
+from launch.metrics import RunLogger
+
+
+def test_records_are_jsonl_and_the_curve_is_drawn(tmp_path, capsys):
+    logger = RunLogger(tmp_path, {}, use_wandb=False)
+    logger.log("eval", 0, {"success": 0.25, "n": 4.0})
+    rec = logger.log("train", 1, {"rollout/success": 0.5, "rollout/reward": 3.0, "bad": float("nan")})
+    logger.log("eval", 1, {"success": 0.75, "n": 4.0})
+    line = logger.progress(rec)
+    assert "success 0.50" in line and "reward 3.00" in line and line in capsys.readouterr().out
+    png = logger.plot()
+    logger.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in rows] == ["eval", "train", "eval"]
+    assert rows[1]["bad"] == "nan" and rows[2]["success"] == 0.75
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_wandb_offline_writes_a_run_without_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = RunLogger(tmp_path, {"a": 1}, wandb_mode="offline", project="t")
+    logger.log("train", 1, {"rollout/success": 0.5})
+    logger.close()
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
