@@ -1,0 +1,538 @@
+"""The learner's models and train step: FSDP2 policy, critic and reference model, one RL update.
+
+Called by ``learner/worker.py`` (one ``LearnerWorker`` per rank). Every public method is
+collective over the default process group, which the caller has initialised (gloo on CPU, nccl
+on GPU): all ranks call it in the same order with the same arguments.
+
+Invariants:
+- every rank receives the same full list of trajectories. Quantities that need no model (GRPO
+  advantages, staleness, scores) come from the whole batch; rank r owns the rows r::world and
+  pads them with zero-mask dummy rows to ``max(ceil(n / world), num_minibatches)``, so every rank
+  runs the same number of forward/backward passes (FSDP collectives) whatever ``n`` is; a
+  mini-batch without policy tokens on any rank is skipped (no forward, no optimizer step);
+- mini-batch j of a rank is the j-th of ``num_minibatches`` equal chunks of its rows. Each loss
+  term is rescaled by (this rank's tokens / all ranks' tokens of the mini-batch) * world, so after
+  FSDP averages the gradients they are those of the mini-batch's global token mean (or sequence
+  mean, ``loss_args.agg``). When ``n % (world * num_minibatches) == 0`` the mini-batches are the
+  same rows as in a single process, and training equals the single-process run up to rounding;
+- token i's log-prob comes from the logits at position i - 1 divided by the sampling temperature,
+  and values[:, i] is the critic's value of the prefix before token i (also read at i - 1);
+  so the first token of a row is never a policy token;
+- dropout stays off (eval mode): before the first optimizer step, pi == pi_prox exactly;
+- advantages are whitened over the policy tokens of the whole batch (sums all-reduced);
+  returns = advantages + values, taken before whitening;
+- metrics are identical on every rank: weighted means all-reduced over tokens (or steps).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from learner import advantages, losses
+from learner.batch import Batch, collate, kl_penalty
+from transport.schema import Trajectory
+
+ESTIMATORS = {"masked_gae": advantages.masked_gae, "bi_level_gae": advantages.bi_level_gae,
+              "turn_wise_gae": advantages.turn_wise_gae, "grpo": advantages.grpo}
+POLICY_LOSSES = {"ppo": losses.ppo_policy_loss, "decoupled_ppo": losses.decoupled_ppo_loss,
+                 "tis": losses.tis_policy_loss}
+PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".pt")
+
+
+@dataclass
+class TrainerConfig:
+    """What the learner trains and how; ``launch/controller.py`` builds it from the model,
+    algorithm and learner groups. Algorithm keys mean what configs/algorithm/*.yaml says."""
+
+    model_path: str
+    """Hugging Face directory of the policy (and of the frozen reference policy)."""
+    critic_path: str | None = None
+    """Where the critic's backbone starts; None: from model_path."""
+    lr: float = 1e-6
+    """Policy AdamW learning rate."""
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    """Max global grad norm, policy and critic separately; 0: no clipping."""
+    epochs: int = 1
+    """Passes over the batch per train_step."""
+    num_minibatches: int = 1
+    """Optimizer steps per epoch."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward on each rank (gradients accumulate); 0: a whole mini-batch."""
+    temperature: float = 1.0
+    """The actors' sampling temperature: log-probs are log_softmax(logits / temperature)."""
+    param_dtype: str = "float32"
+    """Compute dtype (FSDP mixed precision; weights, gradients and optimizer stay float32)."""
+    seed: int = 0
+    """Seeds the value head's initialisation (the same on every rank)."""
+    estimator: str = "bi_level_gae"
+    """masked_gae | bi_level_gae | turn_wise_gae | grpo (no critic)."""
+    estimator_args: dict = field(default_factory=dict)
+    vtrace: bool = False
+    """Pass log_rho = log pi_prox - log pi_behaviour to a GAE estimator (ignored by grpo)."""
+    multi_turn_reward: bool = True
+    whiten_advantages: bool = True
+    loss: str = "ppo"
+    """ppo (ratio vs pi_prox) | decoupled_ppo (pi_prox and pi_behaviour) | tis (pi_behaviour)."""
+    loss_args: dict = field(default_factory=dict)
+    """Keyword arguments of the policy loss; its ``agg`` also aggregates the other terms."""
+    value_clip: float | None = 0.5
+    value_coef: float = 1.0
+    entropy_coef: float = 0.0
+    kl_in_reward: dict | None = None
+    """{kind: k1, coef: c}: reward -= c * (log pi_behaviour - log pi_ref) on policy tokens."""
+    kl_loss: dict | None = None
+    """{kind: k1 | k3 | mse, coef: c}: c * KL(pi || pi_ref) added to the policy loss."""
+
+    def __post_init__(self) -> None:
+        _one_of("estimator", self.estimator, ESTIMATORS)
+        _one_of("loss", self.loss, POLICY_LOSSES)
+        _one_of("param_dtype", self.param_dtype, PARAM_DTYPES)
+        _check_kwargs("estimator_args", ESTIMATORS[self.estimator], self.estimator_args)
+        _check_kwargs("loss_args", POLICY_LOSSES[self.loss], self.loss_args)
+        if min(self.epochs, self.num_minibatches) < 1 or self.micro_batch_size < 0:
+            raise ValueError("epochs and num_minibatches must be >= 1, micro_batch_size >= 0")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        for name, kinds in (("kl_in_reward", ("k1",)), ("kl_loss", losses.KL_KINDS)):
+            kl = getattr(self, name)
+            if kl is not None and (set(kl) != {"kind", "coef"} or kl["kind"] not in kinds):
+                raise ValueError(f"{name} must be {{kind: one of {kinds}, coef: float}}, got {kl}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "TrainerConfig":
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown TrainerConfig keys: {unknown}")
+        return cls(**d)
+
+    @property
+    def agg(self) -> str:
+        return self.loss_args.get("agg", "token-mean")
+
+
+class ValueModel(nn.Module):
+    """The critic: a transformer backbone and a scalar linear head (sharded with the root)."""
+
+    def __init__(self, backbone: nn.Module, *, seed: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self._no_split_modules = backbone._no_split_modules
+        hidden = backbone.config.hidden_size
+        self.head = nn.Linear(hidden, 1)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            nn.init.normal_(self.head.weight, std=1.0 / (hidden + 1))
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Shape: (B, L) -> (B, L) float32; values[:, i] is V(prefix before token i), 0 at i = 0."""
+        hidden = self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
+        return F.pad(self.head(hidden).squeeze(-1).float()[:, :-1], (1, 0))
+
+
+@dataclass
+class _Rows:
+    """This rank's rows with what the learner computed for them. Per-token tensors (m, L)."""
+
+    batch: Batch
+    lengths: torch.Tensor
+    """(m,): tokens per row, 0 for dummy rows."""
+    logp_prox: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    logp_ref: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def select(self, rows: slice) -> "_Rows":
+        """Rows ``rows``, trimmed to the longest of them."""
+        length = max(int(self.lengths[rows].max()), 1)
+
+        def cut(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[rows, :length] if x.dim() == 2 else x[rows]
+
+        batch = Batch(**{f.name: cut(getattr(self.batch, f.name)) for f in fields(Batch)})
+        return replace(self, batch=batch, **{f.name: cut(getattr(self, f.name))
+                                             for f in fields(self) if f.name != "batch"})
+
+
+class Trainer:
+    """FSDP2 models and optimizers of one learner rank; see the module docstring."""
+
+    def __init__(self, cfg: TrainerConfig, *, device: torch.device | str = "cpu") -> None:
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+        self.cfg, self.device = cfg, torch.device(device)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._mesh = init_device_mesh(self.device.type, (self.world,))
+        self._mp = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[cfg.param_dtype],
+                                        reduce_dtype=torch.float32)
+        self.hf_config = AutoConfig.from_pretrained(cfg.model_path)
+        pad = getattr(self.hf_config, "pad_token_id", None)
+        self.pad_id = 0 if pad is None else int(pad)
+        self.policy = self._shard(_load(AutoModelForCausalLM, cfg.model_path))
+        self.optim = self._adamw(self.policy, cfg.lr)
+        self.critic = self.critic_optim = self.ref = None
+        if cfg.estimator != "grpo":
+            backbone = _load(AutoModel, cfg.critic_path or cfg.model_path)
+            self.critic = self._shard(ValueModel(backbone, seed=cfg.seed).eval())
+            self.critic_optim = self._adamw(self.critic, cfg.critic_lr)
+        if cfg.kl_in_reward or cfg.kl_loss:
+            self.ref = self._shard(_load(AutoModelForCausalLM, cfg.model_path).requires_grad_(False))
+
+    def _shard(self, model: nn.Module) -> nn.Module:
+        """fully_shard each decoder layer (HF ``_no_split_modules``), then the root."""
+        model.to(self.device)
+        layers = set(getattr(model, "_no_split_modules", None) or ())
+        for module in model.modules():
+            if type(module).__name__ in layers:
+                fully_shard(module, mesh=self._mesh, mp_policy=self._mp)
+        return fully_shard(model, mesh=self._mesh, mp_policy=self._mp)
+
+    def _adamw(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=self.cfg.weight_decay)
+
+    # --- the train step ---------------------------------------------------------------------
+
+    def train_step(self, trajectories: list[Trajectory], version: int) -> dict[str, float]:
+        """One update on ``trajectories`` (the same list on every rank) by the learner at
+        ``version``; returns flat metrics, identical on every rank."""
+        t0 = time.perf_counter()
+        if any(t.images for t in trajectories):
+            raise ValueError("trajectories with images are not supported by the trainer yet")
+        batch = collate(trajectories, multi_turn_reward=self.cfg.multi_turn_reward,
+                        pad_id=self.pad_id)
+        if batch.loss_mask[:, 0].any():
+            raise ValueError("a row starts with a policy token: there is no logit to score it")
+        lengths = torch.tensor([len(t.token_ids) for t in trajectories])
+        index = self._my_rows(len(trajectories))
+        rows = _take_rows(batch, lengths, index, self.pad_id, self.device)
+        metrics = _Metrics()
+        rows = self._prepare(rows, batch, index, metrics)
+        self._update(rows, metrics)
+        out = metrics.reduce(self.device) | _batch_metrics(batch, lengths, version)
+        step_s = torch.tensor(time.perf_counter() - t0, device=self.device)
+        dist.all_reduce(step_s, op=dist.ReduceOp.MAX)
+        return out | {"timing/step_s": float(step_s)}
+
+    def _my_rows(self, n: int) -> torch.Tensor:
+        """Global row indices of this rank, -1 for dummy rows; the same count on every rank."""
+        mine = list(range(self.rank, n, self.world))
+        count = max(-(-n // self.world), self.cfg.num_minibatches)
+        return torch.tensor(mine + [-1] * (count - len(mine)), dtype=torch.int64)
+
+    @torch.no_grad()
+    def policy_logprobs(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """log pi(token i | tokens < i) at the sampling temperature, 0 at i = 0. Shape: (B, L).
+
+        Collective: every rank calls it (FSDP gathers the weights)."""
+        return _logprobs(self.policy, token_ids.to(self.device), self.cfg.temperature)[0]
+
+    @torch.no_grad()
+    def _prepare(self, rows: _Rows, batch: Batch, index: torch.Tensor, metrics) -> _Rows:
+        """Proximal and reference log-probs, values, rewards, advantages and returns."""
+        shape = rows.batch.token_ids.shape
+        logp_prox, values, logp_ref = (torch.zeros(shape, device=self.device) for _ in range(3))
+        for part in self._chunks(shape[0]):
+            ids = rows.select(part).batch.token_ids
+            n, temperature = ids.shape[1], self.cfg.temperature
+            logp_prox[part, :n] = _logprobs(self.policy, ids, temperature)[0]
+            if self.critic is not None:
+                values[part, :n] = self.critic(ids)
+            if self.ref is not None:
+                logp_ref[part, :n] = _logprobs(self.ref, ids, temperature)[0]
+        rows = replace(rows, logp_prox=logp_prox, values=values, logp_ref=logp_ref)
+        mask = rows.batch.loss_mask
+        rewards = rows.batch.token_rewards
+        if self.cfg.kl_in_reward:
+            rewards = kl_penalty(rows.batch, logp_ref, self.cfg.kl_in_reward["coef"])
+            kl = torch.where(mask, rows.batch.behaviour_logprobs - logp_ref, 0.0)
+            metrics.add("ref/kl_in_reward", float(kl.sum()) / max(int(mask.sum()), 1), float(mask.sum()))
+        adv, returns = self._advantages(rows, rewards, batch, index)
+        if self.cfg.whiten_advantages:
+            adv = self._whiten(adv, mask)
+        if self.critic is not None:
+            metrics.exact["critic/explained_variance"] = _explained_variance(values, returns, mask)
+        return replace(rows, advantages=adv, returns=returns)
+
+    def _advantages(self, rows: _Rows, rewards: torch.Tensor, batch: Batch, index: torch.Tensor):
+        """(advantages, returns) of this rank's rows; returns is None for grpo."""
+        cfg, mask = self.cfg, rows.batch.loss_mask
+        if cfg.estimator == "grpo":
+            # Episode scores from the whole batch; an in-reward KL penalty enters through each
+            # row's sum of penalised token rewards (rows of other ranks arrive by all-reduce).
+            scores = batch.scores.to(self.device, torch.float64)
+            shift = torch.zeros_like(scores)
+            real = (index >= 0).to(self.device)
+            index = index.to(self.device)
+            shift[index[real]] = (rewards - rows.batch.token_rewards).sum(-1)[real].double()
+            dist.all_reduce(shift)
+            per_row = advantages.grpo((scores + shift).float(), batch.group_ids.to(self.device),
+                                      **cfg.estimator_args)
+            return torch.where(mask, per_row[index.clamp(min=0)][:, None], 0.0), None
+        log_rho = None
+        if cfg.vtrace:
+            log_rho = torch.where(mask, rows.logp_prox - rows.batch.behaviour_logprobs, 0.0)
+        turn_end = () if cfg.estimator == "masked_gae" else (rows.batch.turn_end,)
+        return ESTIMATORS[cfg.estimator](rewards, rows.values, mask, *turn_end, log_rho=log_rho,
+                                         **cfg.estimator_args)
+
+    def _whiten(self, x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+        """advantages.masked_whiten over the policy tokens of all ranks' rows."""
+        stats = torch.stack([torch.where(mask, x, 0.0).sum().double(), mask.sum().double()])
+        dist.all_reduce(stats)
+        centred = torch.where(mask, x - stats[0] / stats[1].clamp(min=1), 0.0)
+        sq = (centred.double() ** 2).sum()
+        dist.all_reduce(sq)
+        return (centred * torch.rsqrt(sq / (stats[1] - 1).clamp(min=1) + eps)).to(x.dtype)
+
+    def _update(self, rows: _Rows, metrics: "_Metrics") -> None:
+        """epochs x num_minibatches optimizer steps of the policy (and the critic)."""
+        minibatches = _split(rows.batch.token_ids.shape[0], self.cfg.num_minibatches)
+        totals = torch.tensor([_units(rows.select(mb).batch.loss_mask, self.cfg.agg)
+                               for mb in minibatches], dtype=torch.float64, device=self.device)
+        dist.all_reduce(totals)
+        for _ in range(self.cfg.epochs):
+            for mb, total in zip(minibatches, totals.tolist()):
+                if total == 0:  # no policy token on any rank: no step (momentum would move weights)
+                    continue
+                for part in self._chunks(mb.stop - mb.start, start=mb.start):
+                    micro = rows.select(part)
+                    units = _units(micro.batch.loss_mask, self.cfg.agg)
+                    scale = self.world * units / total
+                    self._policy_backward(micro, scale, units, metrics)
+                    if self.critic is not None:
+                        self._critic_backward(micro, scale, units, metrics)
+                metrics.add("optim/grad_norm", self._step(self.policy, self.optim))
+                if self.critic is not None:
+                    metrics.add("optim/critic_grad_norm", self._step(self.critic, self.critic_optim))
+
+    def _policy_backward(self, rows: _Rows, scale: float, units: int, metrics) -> None:
+        cfg, b = self.cfg, rows.batch
+        mask = b.loss_mask
+        logp, entropy = _logprobs(self.policy, b.token_ids, cfg.temperature, entropy=True,
+                                  entropy_grad=cfg.entropy_coef != 0)
+        if cfg.loss == "ppo":
+            loss, stats = losses.ppo_policy_loss(logp, rows.logp_prox, rows.advantages, mask, **cfg.loss_args)
+        elif cfg.loss == "decoupled_ppo":
+            loss, stats = losses.decoupled_ppo_loss(logp, rows.logp_prox, b.behaviour_logprobs,
+                                                    rows.advantages, mask, **cfg.loss_args)
+        else:
+            loss, stats = losses.tis_policy_loss(logp, b.behaviour_logprobs, rows.advantages, mask,
+                                                 **cfg.loss_args)
+        if "approx_kl" not in stats:  # tis: report the same drift measure as the ppo losses
+            d = (rows.logp_prox - logp).detach()
+            stats["approx_kl"] = float(losses.aggregate(losses.kl_divergence(d, torch.zeros_like(d)), mask))
+        ent_loss, ent_stats = losses.entropy_loss(entropy, mask, agg=cfg.agg)
+        total = loss + cfg.entropy_coef * ent_loss
+        if cfg.kl_loss:
+            kl, kl_stats = losses.kl_loss(logp, rows.logp_ref, mask, kind=cfg.kl_loss["kind"], agg=cfg.agg)
+            total = total + cfg.kl_loss["coef"] * kl
+            metrics.add("loss/kl", kl_stats["kl"], units)
+        (total * scale).backward()
+        metrics.add("loss/policy", float(loss.detach()), units)
+        metrics.add("loss/entropy", float(ent_loss.detach()), units)
+        metrics.add("policy/entropy", ent_stats["entropy"], units)
+        for key, value in stats.items():
+            metrics.add(f"policy/{key}", value, units)
+
+    def _critic_backward(self, rows: _Rows, scale: float, units: int, metrics) -> None:
+        mask = rows.batch.loss_mask
+        loss, stats = losses.value_loss(self.critic(rows.batch.token_ids), rows.values, rows.returns,
+                                        mask, clip=self.cfg.value_clip, agg=self.cfg.agg)
+        (self.cfg.value_coef * scale * loss).backward()
+        metrics.add("loss/value", float(loss.detach()), units)
+        metrics.add("critic/clip_frac", stats["clip_frac"], units)
+
+    def _step(self, model: nn.Module, optim: torch.optim.Optimizer) -> float:
+        """Clip, step, zero; a non-finite gradient norm (the same on every rank) skips the step."""
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if math.isfinite(norm):
+            optim.step()
+        optim.zero_grad(set_to_none=True)
+        return norm
+
+    def _chunks(self, count: int, start: int = 0) -> list[slice]:
+        """Slices of ``count`` rows from ``start``, at most micro_batch_size rows each."""
+        size = self.cfg.micro_batch_size or count
+        return [slice(i, min(i + size, start + count)) for i in range(start, start + count, size)]
+
+    # --- weights and checkpoints ------------------------------------------------------------
+
+    def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
+        """The policy's full HF-named state dict on CPU on rank 0, {} elsewhere. Collective."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.policy, options=options)
+
+    def _trainables(self):
+        yield "policy", self.policy, self.optim
+        if self.critic is not None:
+            yield "critic", self.critic, self.critic_optim
+
+    def _checkpoint_state(self) -> dict:
+        state = {}
+        for name, model, optim in self._trainables():
+            state[name], state[f"{name}_optim"] = get_state_dict(model, optim)
+        return state
+
+    def save_checkpoint(self, path: str | Path, extra: dict) -> None:
+        """Sharded models and optimizers (torch.distributed.checkpoint) under ``path/dcp``,
+        ``extra`` (step, version, RNG states, ...) in ``path/extra.pt`` by rank 0. Collective."""
+        path = Path(path)
+        dcp.save(self._checkpoint_state(), checkpoint_id=str(path / "dcp"))
+        if self.rank == 0:
+            torch.save(dict(extra), path / "extra.pt")
+        dist.barrier()  # extra.pt exists on return, on every rank
+
+    def load_checkpoint(self, path: str | Path) -> dict:
+        """Restore what save_checkpoint wrote; returns its ``extra``. Collective."""
+        path = Path(path)
+        state = self._checkpoint_state()
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        for name, model, optim in self._trainables():
+            set_state_dict(model, optim, model_state_dict=state[name],
+                           optim_state_dict=state[f"{name}_optim"])
+        return torch.load(path / "extra.pt", weights_only=False)  # our own file
+
+    def save_hf(self, path: str | Path) -> None:
+        """Rank 0 writes the policy as a Hugging Face directory (weights, config, and the
+        tokenizer and other non-weight files of model_path) that vLLM loads. Collective."""
+        from transformers import AutoModelForCausalLM
+
+        state = self.state_dict_for_publish()
+        if self.rank == 0:
+            out = Path(path)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
+            model.load_state_dict(state, assign=True)
+            model.save_pretrained(out)
+            for f in Path(self.cfg.model_path).iterdir():
+                if f.is_file() and f.name != "config.json" and not f.name.endswith(_WEIGHT_FILES):
+                    shutil.copy2(f, out / f.name)
+        dist.barrier()
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _load(auto_cls, path: str) -> nn.Module:
+    """A Hugging Face model in float32 (the master weights), dropout off."""
+    return auto_cls.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _logprobs(model, ids, temperature, *, entropy=False, entropy_grad=False):
+    """(log-prob of each token, entropy of the distribution it was drawn from), each (B, L) with
+    0 at position 0: position i - 1's logits / temperature predict token i."""
+    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ent = None
+    if entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = F.pad(losses.entropy_from_logits(logits), (1, 0))
+    return F.pad(logp, (1, 0)), ent
+
+
+def _take_rows(batch: Batch, lengths: torch.Tensor, index: torch.Tensor, pad_id: int, device) -> _Rows:
+    """Rows ``index`` of the batch on ``device``; index -1 gives a dummy row (no policy tokens)."""
+    real, src = index >= 0, index.clamp(min=0)
+    fill = {"token_ids": pad_id, "loss_mask": False, "turn_end": False, "behaviour_logprobs": 0.0,
+            "policy_version": -1, "token_rewards": 0.0, "scores": 0.0, "group_ids": -1}
+    taken = {}
+    for name, value in fill.items():
+        x = getattr(batch, name)[src].clone()
+        x[~real] = value
+        taken[name] = x.to(device)
+    rows = _Rows(Batch(**taken), torch.where(real, lengths[src], 0))
+    return rows.select(slice(None))
+
+
+def _split(count: int, parts: int) -> list[slice]:
+    """``parts`` consecutive slices of ``count`` rows, sizes differing by at most one."""
+    bounds = [count * j // parts for j in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def _units(mask: torch.Tensor, agg: str) -> int:
+    """What a loss with aggregation ``agg`` averages over: tokens, or sequences with tokens."""
+    return int(mask.sum()) if agg == "token-mean" else int((mask.sum(-1) > 0).sum())
+
+
+def _explained_variance(values, returns, mask) -> float:
+    """1 - Var(returns - values) / Var(returns) over all ranks' policy tokens, before the update."""
+    y, r = (torch.where(mask, t, 0.0).double() for t in (returns, returns - values))
+    sums = torch.stack([mask.sum().double(), y.sum(), (y * y).sum(), r.sum(), (r * r).sum()])
+    dist.all_reduce(sums)
+    n, sy, syy, sr, srr = sums.tolist()
+    var_y, var_r = syy / max(n, 1) - (sy / max(n, 1)) ** 2, srr / max(n, 1) - (sr / max(n, 1)) ** 2
+    return 1.0 - var_r / var_y if var_y > 0 else math.nan
+
+
+def _batch_metrics(batch: Batch, lengths: torch.Tensor, version: int) -> dict[str, float]:
+    """Metrics of the whole batch (every rank has it)."""
+    staleness = (version - batch.policy_version[batch.loss_mask]).float()
+    return {
+        "policy/staleness_mean": float(staleness.mean()) if staleness.numel() else 0.0,
+        "policy/staleness_max": float(staleness.max()) if staleness.numel() else 0.0,
+        "rollout/score_mean": float(batch.scores.mean()),
+        "rollout/tokens": float(lengths.sum()),
+        "rollout/policy_tokens": float(batch.loss_mask.sum()),
+    }
+
+
+class _Metrics:
+    """Weighted means, summed over micro-batches and all-reduced over ranks. Every rank adds
+    the same keys; a non-finite value counts with weight 0 (NaN when nothing finite was added).
+    ``exact`` holds values that are already global (the same on every rank)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.weights: dict[str, float] = defaultdict(float)
+        self.exact: dict[str, float] = {}
+
+    def add(self, key: str, value: float, weight: float = 1.0) -> None:
+        ok = math.isfinite(value)
+        self.sums[key] += value * weight if ok else 0.0
+        self.weights[key] += weight if ok else 0.0
+
+    def reduce(self, device) -> dict[str, float]:
+        keys = sorted(self.sums)
+        t = torch.tensor([self.sums[k] for k in keys] + [self.weights[k] for k in keys],
+                         dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        s, w = t.tolist()[:len(keys)], t.tolist()[len(keys):]
+        return {k: s[i] / w[i] if w[i] > 0 else math.nan for i, k in enumerate(keys)} | self.exact
+
+
+def _one_of(name: str, value: str, options) -> None:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
+
+
+def _check_kwargs(name: str, fn, args: Mapping) -> None:
+    params = inspect.signature(fn).parameters
+    allowed = {p.name for p in params.values() if p.kind is p.KEYWORD_ONLY} - {"log_rho"}
+    unknown = sorted(set(args) - allowed)
+    if unknown:
+        raise ValueError(f"{name}: {unknown} are not arguments of {fn.__name__} ({sorted(allowed)})")

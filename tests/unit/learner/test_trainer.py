@@ -1,0 +1,332 @@
+"""learner/trainer.py on the tiny Qwen2 (launch/tiny_model.py) over real gloo groups on CPU.
+
+One world-size-1 group serves the module; the two-rank test spawns its own processes (joined,
+and killed if they hang) and compares them with world size 1 on the same trajectories.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import socket
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+from launch.tiny_model import build_tiny_model
+from learner.trainer import Trainer, TrainerConfig
+from transport.schema import Trajectory
+
+ALGORITHMS = Path(__file__).resolve().parents[3] / "configs" / "algorithm"
+GOOD = 7  # the rewarded token
+TEMPERATURE = 0.7
+WAIT_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the spawned ranks of the two-rank test take the other cores
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+    torch.set_num_threads(threads)
+
+
+def _hf_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
+    """Reference: log_softmax(logits / T) of a plain HF model, position i - 1 scoring token i."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits.float() / TEMPERATURE, dim=-1)
+    out = torch.zeros(ids.shape)
+    out[:, 1:] = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return out
+
+
+def _trajectory(rng, model, *, group_id: int, good: bool, turns: int) -> Trajectory:
+    """Env tokens, then per turn a 3-token reply and a 2-token observation. Good episodes reply
+    with GOOD only and earn 1 per turn; the others reply with random tokens and earn 0."""
+    ids = list(rng.integers(20, 1000, size=int(rng.integers(3, 6))))
+    mask = [False] * len(ids)
+    for t in range(turns):
+        reply = [GOOD] * 3 if good else list(rng.integers(20, 1000, size=3))
+        ids += reply + ([] if t == turns - 1 else list(rng.integers(20, 1000, size=2)))
+        mask += [True] * 3 + ([] if t == turns - 1 else [False] * 2)
+    ids, mask = np.array(ids, dtype=np.int32), np.array(mask)
+    policy = np.flatnonzero(mask)
+    ends = np.zeros_like(mask)
+    ends[[policy[3 * t + 2] for t in range(turns)]] = True
+    behaviour = _hf_logprobs(model, torch.from_numpy(ids).long()[None])[0].numpy()
+    return Trajectory(
+        run_id="test", actor_id=0, episode_id=int(rng.integers(1 << 30)), env_name="synthetic",
+        seed=group_id, group_id=group_id, token_ids=ids, loss_mask=mask, turn_end=ends,
+        behaviour_logprobs=np.where(mask, behaviour, 0.0).astype(np.float32),
+        policy_version=np.where(mask, 0, -1).astype(np.int32),
+        turn_rewards=np.full(turns, 1.0 if good else 0.0, dtype=np.float32))
+
+
+def _batch(model, n: int, seed: int = 0) -> list[Trajectory]:
+    """n trajectories of 1-3 turns in groups of two, one good and one not, in random order."""
+    rng = np.random.default_rng(seed)
+    good = [g for _ in range(0, n, 2) for g in rng.permutation([True, False])]
+    return [_trajectory(rng, model, group_id=i // 2, good=good[i], turns=int(rng.integers(1, 4)))
+            for i in range(n)]
+
+
+def _config(model_path: str, algorithm: str | None = None, **overrides) -> TrainerConfig:
+    keys = yaml.safe_load((ALGORITHMS / f"{algorithm}.yaml").read_text()) if algorithm else {}
+    return TrainerConfig.from_dict({"model_path": model_path, "temperature": TEMPERATURE, **keys,
+                                    **overrides})
+
+
+def _padded_ids(trajectories) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(len(t.token_ids) for t in trajectories)
+    ids = torch.zeros(len(trajectories), length, dtype=torch.long)
+    mask = torch.zeros(len(trajectories), length, dtype=torch.bool)
+    for i, t in enumerate(trajectories):
+        ids[i, :len(t.token_ids)] = torch.from_numpy(t.token_ids).long()
+        mask[i, :len(t.token_ids)] = torch.from_numpy(t.loss_mask)
+    return ids, mask
+
+
+def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.state_dict_for_publish().items()}
+
+
+# --- 1. log-probs: the shift and the temperature ------------------------------------------------
+
+
+def test_proximal_logprobs_match_hf_on_policy_tokens(model_path, hf_model):
+    trajectories = _batch(hf_model, 4)
+    trainer = Trainer(_config(model_path, estimator="grpo", loss="decoupled_ppo", lr=1e-3,
+                              whiten_advantages=False))
+    ids, mask = _padded_ids(trajectories)
+    got = trainer.policy_logprobs(ids)
+    want = _hf_logprobs(hf_model, ids)
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
+
+    # In train_step: behaviour (recorded from the HF model) == proximal (recomputed) gives
+    # weights of exactly 1, and before the first optimizer step pi == pi_prox.
+    metrics = trainer.train_step(trajectories, version=0)
+    assert metrics["policy/behav_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["policy/approx_kl"] == pytest.approx(0.0, abs=1e-9)
+
+
+# --- 2. a learning signal --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm, loss", [
+    ("grpo", "ppo"), ("vagen_full", "ppo"), ("vagen_base", "tis"), ("turn_ppo", "decoupled_ppo")])
+def test_train_steps_raise_the_rewarded_tokens_probability(model_path, hf_model, algorithm, loss):
+    trajectories = _batch(hf_model, 8)
+    trainer = Trainer(_config(model_path, algorithm, loss=loss, loss_args={}, lr=1e-3,
+                              critic_lr=1e-3, num_minibatches=2, kl_loss={"kind": "k3", "coef": 0.01}))
+    ids, mask = _padded_ids(trajectories)
+    rewarded = torch.tensor([t.turn_rewards.sum() > 0 for t in trajectories])[:, None] & mask
+    before = trainer.policy_logprobs(ids)
+    for step in range(3):
+        metrics = trainer.train_step(trajectories, version=step)
+    gain = trainer.policy_logprobs(ids) - before
+    assert gain[rewarded].mean() > 0.5, gain[rewarded].mean()
+    assert gain[mask & ~rewarded].mean() < gain[rewarded].mean() - 0.5
+
+    expected = {"loss/policy", "loss/entropy", "loss/kl", "policy/entropy", "policy/approx_kl", "policy/staleness_mean", "policy/staleness_max",
+                "optim/grad_norm", "rollout/score_mean", "rollout/tokens", "timing/step_s",
+                "ref/kl_in_reward"}
+    if loss != "tis":
+        expected.add("policy/clip_frac")
+    if algorithm != "grpo":
+        expected |= {"loss/value", "critic/explained_variance", "optim/critic_grad_norm"}
+    assert expected <= set(metrics)
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["policy/staleness_max"] == 2.0
+    assert metrics["rollout/score_mean"] == pytest.approx(np.mean([t.turn_rewards.sum() for t in trajectories]))
+
+
+def test_micro_batches_accumulate_to_the_same_update(model_path, hf_model):
+    trajectories = _batch(hf_model, 6)
+    weights = []
+    for micro in (0, 1):
+        trainer = Trainer(_config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3,
+                                  num_minibatches=2, micro_batch_size=micro))
+        trainer.train_step(trajectories, version=0)
+        weights.append(_weights(trainer))
+    for k, v in weights[1].items():
+        torch.testing.assert_close(v, weights[0][k], atol=1e-5, rtol=0, msg=k)
+
+
+def test_empty_minibatches_are_skipped_and_bf16_trains(model_path, hf_model):
+    trainer = Trainer(_config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3,
+                              num_minibatches=4, param_dtype="bfloat16"))
+    metrics = trainer.train_step(_batch(hf_model, 2), version=0)  # 2 real rows, 2 dummy rows
+    assert trainer.optim.state and {float(s["step"]) for s in trainer.optim.state.values()} == {2.0}
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+
+
+# --- 3. published weights ----------------------------------------------------------------------
+
+
+def test_published_state_dict_is_hf_named_and_reproduces_the_trainer(model_path, hf_model):
+    from transformers import AutoModelForCausalLM
+
+    trajectories = _batch(hf_model, 4)
+    trainer = Trainer(_config(model_path, "grpo", lr=1e-3, kl_in_reward=None))
+    trainer.train_step(trajectories, version=0)
+    state = trainer.state_dict_for_publish()
+    assert set(state) == set(hf_model.state_dict())
+    assert all(t.device.type == "cpu" and not isinstance(t, dist.tensor.DTensor) for t in state.values())
+
+    fresh = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    fresh.load_state_dict(state)
+    ids, mask = _padded_ids(trajectories)
+    assert not torch.allclose(_hf_logprobs(hf_model, ids)[mask], _hf_logprobs(fresh, ids)[mask])
+    torch.testing.assert_close(trainer.policy_logprobs(ids), _hf_logprobs(fresh, ids), atol=1e-5, rtol=0)
+
+
+def test_save_hf_writes_a_loadable_directory(model_path, hf_model, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trainer = Trainer(_config(model_path, "grpo", lr=1e-3, kl_in_reward=None))
+    trainer.train_step(_batch(hf_model, 4), version=0)
+    trainer.save_hf(tmp_path / "hf")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    want = trainer.state_dict_for_publish()
+    assert all(torch.equal(v, want[k]) for k, v in loaded.state_dict().items())
+    assert AutoTokenizer.from_pretrained(tmp_path / "hf").encode("hello") == \
+        AutoTokenizer.from_pretrained(model_path).encode("hello")
+
+
+# --- 4. checkpoints --------------------------------------------------------------------------
+
+
+def test_checkpoint_round_trip_continues_identically(model_path, hf_model, tmp_path):
+    first, second = _batch(hf_model, 4, seed=1), _batch(hf_model, 4, seed=2)
+    cfg = _config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3)
+    trainer = Trainer(cfg)
+    trainer.train_step(first, version=0)
+    saved = _weights(trainer)
+    rng = torch.get_rng_state()
+    trainer.save_checkpoint(tmp_path / "ckpt", {"step": 1, "rng": rng})
+    want = trainer.train_step(second, version=1)
+    want_weights = _weights(trainer)
+
+    resumed = Trainer(cfg)
+    extra = resumed.load_checkpoint(tmp_path / "ckpt")
+    assert extra["step"] == 1 and torch.equal(extra["rng"], rng)
+    assert all(torch.equal(v, saved[k]) for k, v in _weights(resumed).items())
+    got = resumed.train_step(second, version=1)
+    assert {k: v for k, v in got.items() if k != "timing/step_s"} == pytest.approx(
+        {k: v for k, v in want.items() if k != "timing/step_s"}, rel=1e-6, abs=1e-7)
+    for k, v in _weights(resumed).items():
+        torch.testing.assert_close(v, want_weights[k], atol=1e-6, rtol=0)
+    for optim in (resumed.optim, resumed.critic_optim):
+        assert {float(s["step"]) for s in optim.state.values()} == {2.0}
+
+
+# --- 5. two ranks == one -----------------------------------------------------------------------
+
+TWO_RANK_RUNS = [  # (config overrides, number of trajectories): even split, and dummy rows
+    (dict(algorithm="vagen_full", vtrace=True, num_minibatches=2), 8),
+    (dict(algorithm="grpo", num_minibatches=1), 5),
+]
+
+
+def _two_rank_config(model_path, algorithm, **overrides) -> TrainerConfig:
+    return _config(model_path, algorithm, lr=1e-3, critic_lr=1e-3, **overrides)
+
+
+def _run(cfg: TrainerConfig, trajectories) -> tuple[dict, dict]:
+    trainer = Trainer(cfg)
+    metrics = [trainer.train_step(trajectories, version=v) for v in range(2)]
+    return metrics[-1], trainer.state_dict_for_publish()
+
+
+def _rank_main(rank, world_size, port, model_path, trajectories, out_dir):
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size)
+        for i, (overrides, n) in enumerate(TWO_RANK_RUNS):
+            metrics, state = _run(_two_rank_config(model_path, **overrides), trajectories[:n])
+            torch.save((metrics, state), Path(out_dir) / f"run{i}-rank{rank}.pt")
+        dist.destroy_process_group()
+    except BaseException:
+        (Path(out_dir) / f"error-rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def test_two_ranks_train_like_one(model_path, hf_model, tmp_path):
+    trajectories = _batch(hf_model, 8)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, daemon=True,
+                         args=(rank, 2, port, model_path, trajectories, str(tmp_path)))
+             for rank in range(2)]
+    try:
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=WAIT_S)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+    errors = [p.read_text() for p in tmp_path.glob("error-*.txt")]
+    assert not errors and all(p.exitcode == 0 for p in procs), errors
+
+    for i, (overrides, n) in enumerate(TWO_RANK_RUNS):
+        want_metrics, want = _run(_two_rank_config(model_path, **overrides), trajectories[:n])
+        metrics0, state0 = torch.load(tmp_path / f"run{i}-rank0.pt", weights_only=False)
+        metrics1, state1 = torch.load(tmp_path / f"run{i}-rank1.pt", weights_only=False)
+        assert state1 == {} and set(state0) == set(want)
+        for k, v in state0.items():
+            torch.testing.assert_close(v, want[k], atol=1e-5, rtol=0, msg=f"{overrides}: {k}")
+        del metrics0["timing/step_s"], metrics1["timing/step_s"], want_metrics["timing/step_s"]
+        assert metrics0 == metrics1
+        assert metrics0 == pytest.approx(want_metrics, rel=1e-4, abs=1e-5, nan_ok=True)
+
+
+# --- 6. configuration -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted(ALGORITHMS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_algorithm_config_loads(path):
+    cfg = TrainerConfig.from_dict({"model_path": "m", **yaml.safe_load(path.read_text())})
+    assert cfg.estimator == yaml.safe_load(path.read_text())["estimator"]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"learning_rate": 1e-6, "epoch": 2}, r"\['epoch', 'learning_rate'\]"),
+    ({"estimator": "gae"}, "estimator"),
+    ({"estimator": "grpo", "estimator_args": {"gamma": 1.0}}, "gamma"),
+    ({"loss_args": {"cap": 2.0}}, "cap"),
+    ({"kl_loss": {"kind": "k2", "coef": 0.1}}, "kl_loss"),
+    ({"num_minibatches": 0}, "num_minibatches"),
+])
+def test_from_dict_rejects_bad_keys(bad, match):
+    with pytest.raises(ValueError, match=match):
+        TrainerConfig.from_dict({"model_path": "m", **bad})
