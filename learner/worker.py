@@ -1,0 +1,249 @@
+"""One learner rank: the FSDP process group, the trainer, and on rank 0 the stream and the publisher.
+
+The launcher (launch/controller.py) wraps ``LearnerWorker`` as a Ray actor, one per rank, and
+drives every rank with the same calls in the same order (``train_step``, ``publish_weights``,
+``save_checkpoint`` ...): each is collective over the learner's process group. No Ray here.
+
+Rank 0 alone owns the I/O (``Inbox``): a thread that polls the ``TrajectoryReceiver`` without
+pause, so actors never wait on the learner's compute for their credit, and feeds the
+``TrajectoryBuffer`` (staleness bound). ZeroMQ sockets are not thread-safe, so credit returns
+(the buffer's ``release``) are queued to that thread, never sent from the training thread.
+
+Invariants:
+- ``version`` = optimizer steps taken = the version of the weights the next publish carries;
+  a trajectory's staleness is measured against it when its batch is taken;
+- every rank trains on the same list of trajectories, broadcast from rank 0 over a gloo group
+  (objects are trusted here: they were validated when they came off the wire);
+- accounting, per actor: received == taken + dropped + buffered (see transport/buffer.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from learner.trainer import Trainer, TrainerConfig
+from transport.buffer import TrajectoryBuffer
+from transport.schema import Trajectory
+from transport.stream import TrajectoryReceiver
+from transport.weights import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+
+class Inbox:
+    """Rank 0's receiving thread: stream -> buffer, with credit returned from this thread only."""
+
+    def __init__(self, address: str, *, max_staleness: int, on_stale: str = "drop",
+                 window_bytes: int = 8 << 20) -> None:
+        self.receiver = TrajectoryReceiver(address, window_bytes=window_bytes)
+        self.address = self.receiver.address
+        self._releases: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+        self.buffer = TrajectoryBuffer(max_staleness=max_staleness, on_stale=on_stale,
+                                       release=lambda actor, n: self._releases.put((actor, n)))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="learner-inbox", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                items = self.receiver.poll(0.02)
+                with self._lock:
+                    for actor, trajectory, nbytes in items:
+                        self.buffer.put(actor, trajectory, nbytes)
+                while True:
+                    try:
+                        actor, n = self._releases.get_nowait()
+                    except queue.Empty:
+                        break
+                    self.receiver.release(actor, n)
+        finally:
+            self.receiver.close()
+
+    def take(self, n: int, version: int, timeout_s: float) -> list[Trajectory] | None:
+        """``n`` trajectories within the staleness bound of ``version``, or None at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                batch = self.buffer.take(n, version)
+            if batch is not None or time.monotonic() > deadline:
+                return batch
+            time.sleep(0.01)
+
+    def stats(self, version: int) -> dict[str, float]:
+        with self._lock:
+            b = self.buffer
+            staleness = b.staleness(version)
+            return {
+                "stream/received": float(sum(self.receiver.received.values())),
+                "stream/rejected": float(sum(v for k, v in self.receiver.rejected.items() if "/" not in k)),
+                "buffer/taken": float(sum(b.taken.values())),
+                "buffer/dropped_stale": float(b.dropped["stale"]),
+                "buffer/stale_kept": float(b.stale_kept),
+                "buffer/size": float(len(b)),
+                "buffer/staleness_max": float(max(staleness, default=0)),
+            }
+
+    def per_actor(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            b = self.buffer
+            return {a: {"received": self.receiver.received[a], "taken": b.taken[a],
+                        "dropped": b.dropped[f"stale/{a}"]} for a in self.receiver.received}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class LearnerWorker:
+    """One learner rank; see the module docstring. ``config`` holds ``trainer`` (TrainerConfig
+    keys) and the rank-0 settings ``max_staleness``, ``on_stale``, ``window_bytes``,
+    ``weight_timeout_s``, ``batch_timeout_s``."""
+
+    def __init__(self, rank: int, world_size: int, config: Mapping[str, Any]) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.config = dict(config)
+        self.version = 0
+        self.trainer: Trainer | None = None
+        self.inbox: Inbox | None = None
+        self.publisher: WeightPublisher | None = None
+        self._objects = None
+        self._last_batch: list[Trajectory] = []
+
+    def setup(self, master_addr: str, master_port: int, *, stream_address: str | None = None,
+              weight_host: str = "127.0.0.1", weight_port: int = 0, weight_world_size: int = 1,
+              device: str = "cpu") -> dict[str, Any]:
+        """Join the FSDP group and build the trainer; rank 0 also binds the stream and hosts the
+        weight group (its store's port is returned, with the stream's address)."""
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        timeout = timedelta(seconds=float(self.config.get("dist_timeout_s", 1800)))
+        if device.startswith("cuda"):
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
+                                rank=self.rank, world_size=self.world_size, timeout=timeout)
+        self._objects = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+        self.trainer = Trainer(TrainerConfig.from_dict(self.config["trainer"]), device=device)
+        out: dict[str, Any] = {"rank": self.rank}
+        if self.rank == 0:
+            self.inbox = Inbox(stream_address or "tcp://127.0.0.1:0",
+                               max_staleness=int(self.config.get("max_staleness", 1)),
+                               on_stale=self.config.get("on_stale", "drop"),
+                               window_bytes=int(self.config.get("window_bytes", 8 << 20)))
+            self.publisher = WeightPublisher(weight_host, weight_port, world_size=weight_world_size,
+                                             timeout_s=float(self.config.get("weight_timeout_s", 120)))
+            out.update(stream_address=self.inbox.address, weight_port=self.publisher.port)
+        return out
+
+    def train_step(self, batch_size: int, timeout_s: float | None = None) -> dict[str, float]:
+        """Take ``batch_size`` trajectories (rank 0), share them, train; collective.
+
+        Returns {} on every rank when no full batch arrived within the timeout (nothing trained).
+        """
+        t0 = time.perf_counter()
+        box: list[Any] = [None]
+        if self.rank == 0:
+            wait = float(timeout_s if timeout_s is not None else self.config.get("batch_timeout_s", 600))
+            box[0] = self.inbox.take(batch_size, self.version, wait)
+        if self.world_size > 1:
+            dist.broadcast_object_list(box, src=0, group=self._objects)
+        trajectories = box[0]
+        if trajectories is None:
+            return {}
+        waited = time.perf_counter() - t0
+        metrics = self.trainer.train_step(trajectories, self.version)
+        self.version += 1
+        self._last_batch = trajectories
+        metrics.update(_episode_metrics(trajectories))
+        metrics["timing/wait_batch_s"] = waited
+        metrics["learner/version"] = float(self.version)
+        if self.inbox is not None:
+            metrics.update(self.inbox.stats(self.version))
+        return metrics
+
+    def publish_weights(self) -> dict[str, float]:
+        """Broadcast the current weights as ``self.version``; collective over the learner ranks
+        (the state dict is gathered), and over the weight group (the actors receive at once)."""
+        t0 = time.perf_counter()
+        state = self.trainer.state_dict_for_publish()
+        t1 = time.perf_counter()
+        if self.publisher is not None:
+            self.publisher.publish(state.items(), self.version)
+        return {"weights/gather_s": t1 - t0, "weights/publish_s": time.perf_counter() - t1,
+                "weights/version": float(self.version)}
+
+    def reform_weight_group(self, world_size: int) -> int:
+        """After a failed push or an actor restart: a new generation of the weight group."""
+        return self.publisher.reform(world_size) if self.publisher is not None else -1
+
+    def accounting(self) -> dict[str, dict[str, int]]:
+        return self.inbox.per_actor() if self.inbox is not None else {}
+
+    def save_checkpoint(self, path: str, extra: Mapping[str, Any]) -> None:
+        self.trainer.save_checkpoint(path, {**extra, "version": self.version})
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        extra = self.trainer.load_checkpoint(path)
+        self.version = int(extra["version"])
+        return extra
+
+    def samples_text(self, n: int) -> str:
+        """The first ``n`` trajectories of the last batch as readable text: the model's tokens
+        between [policy v<version>] and [/policy], everything else as the model saw it."""
+        if not self._last_batch or n <= 0:
+            return ""
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(self.trainer.cfg.model_path)
+        return "\n\n".join(_readable(t, tok) for t in self._last_batch[:n])
+
+    def save_hf(self, path: str) -> None:
+        self.trainer.save_hf(path)
+
+    def close(self) -> None:
+        if self.inbox is not None:
+            self.inbox.close()
+            self.inbox = None
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Means of the actors' per-episode metrics (success, reward, turns, ...) over the batch."""
+    keys = set().union(*(t.metrics for t in trajectories))
+    out = {f"rollout/{k}": sum(t.metrics.get(k, 0.0) for t in trajectories) / len(trajectories)
+           for k in sorted(keys)}
+    versions = [int(v) for t in trajectories for v in (t.policy_version[t.loss_mask].min(),
+                                                         t.policy_version[t.loss_mask].max())
+                if t.loss_mask.any()]
+    if versions:
+        out["policy/version_min"], out["policy/version_max"] = float(min(versions)), float(max(versions))
+    return out
+
+
+def _readable(t: Trajectory, tokenizer) -> str:
+    head = (f"=== episode {t.episode_id} (actor {t.actor_id}, seed {t.seed}, group {t.group_id}) "
+            f"turn rewards {[round(float(r), 3) for r in t.turn_rewards]} ===\n")
+    parts, start = [], 0
+    mask = t.loss_mask
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            text = tokenizer.decode(t.token_ids[start:i].tolist())
+            if mask[start]:
+                text = f"[policy v{int(t.policy_version[start])}]{text}[/policy]"
+            parts.append(text)
+            start = i
+    return head + "".join(parts)

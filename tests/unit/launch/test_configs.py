@@ -1,0 +1,69 @@
+"""configs/: every group composes, the controller maps them onto the components' config keys, and
+the GPU experiment presets carry VAGEN's published hyper-parameters."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+
+from launch.controller import _episodes_per_actor, actor_config, trainer_config
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]  # as the app sees it; ${hydra:...} resolves through HydraConfig
+        return cfg
+
+
+def test_default_is_the_tiny_async_frozenlake_run():
+    cfg = _compose()
+    assert cfg.env_name == "frozenlake" and cfg.train.mode == "async"
+    assert cfg.algorithm.estimator == "bi_level_gae" and cfg.env.format == "grounding_worldmodeling"
+    assert cfg.model.path is None and cfg.warm_start.enabled
+    assert cfg.env.reasoning_reward.judge == "rule"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml")))
+def test_experiment_presets_carry_vagen_hyper_parameters(name):
+    cfg = _compose(f"experiment={name}")
+    assert cfg.model.path == "Qwen/Qwen2.5-VL-3B-Instruct"
+    assert (cfg.learner.lr, cfg.learner.critic_lr, cfg.learner.grad_clip) == (1e-6, 1e-5, 1.0)
+    assert cfg.train.batch_size == 128 and cfg.train.batch_size // cfg.learner.num_minibatches == 32
+    assert (cfg.actors.temperature, cfg.actors.top_p, cfg.actors.max_tokens) == (0.7, 0.95, 200)
+    assert cfg.train.steps == 300 and cfg.train.eval_every == 20
+    assert cfg.algorithm.loss_args.clip_low == 0.2 and cfg.algorithm.value_clip == 0.5
+    assert cfg.env.render == "image" and cfg.env_name in name
+
+
+def test_trainer_config_takes_the_algorithm_and_learner_groups():
+    from learner.trainer import TrainerConfig
+
+    cfg = _compose("algorithm=grpo", "learner.lr=0.5")
+    tc = TrainerConfig.from_dict(trainer_config(cfg, "/m"))
+    assert tc.estimator == "grpo" and tc.lr == 0.5 and tc.model_path == "/m"
+    assert tc.temperature == cfg.actors.temperature  # proximal log-probs at the sampling temperature
+
+
+def test_actor_config_keys_are_the_actors():
+    from actors.actor import ActorConfig
+
+    cfg = _compose("actors.num=3", "env=sokoban")
+    ac = ActorConfig.from_dict(actor_config(cfg, 2, "/m", "tcp://127.0.0.1:1"))
+    assert ac.actor_id == 2 and ac.env_name == "sokoban" and ac.max_turns == cfg.env.max_turns
+
+
+@pytest.mark.parametrize("batch,group,actors,expected", [
+    (32, 4, 1, [32]), (32, 4, 3, [12, 12, 8]), (30, 4, 2, [16, 16]), (5, 1, 2, [3, 2]),
+])
+def test_sync_mode_asks_each_actor_for_whole_groups(batch, group, actors, expected):
+    cfg = _compose(f"train.batch_size={batch}", f"actors.group_size={group}", f"actors.num={actors}")
+    split = _episodes_per_actor(cfg)
+    assert split == expected
+    assert sum(split) >= batch and all(n % group == 0 for n in split)
