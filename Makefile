@@ -50,10 +50,11 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_stream
 	$(BIN)/python -m tests.benchmarks.bench_weights
 	$(BIN)/python -m tests.benchmarks.bench_env_pool
+	$(BIN)/python -m tests.benchmarks.bench_loop
 
 # Idempotent root-only setup; nothing is needed for the default CPU path yet.
 system:
 	@true
 
 clean:
-	rm -rf $(VENV) .pytest_cache runs
+	rm -rf $(VENV) .pytest_cache runs multirun outputs

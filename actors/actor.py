@@ -151,6 +151,9 @@ class InferenceActor:
         self._send_thread = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{self.cfg.actor_id}-send")
         self._slots: asyncio.Queue[int] | None = None
         self._room: asyncio.Semaphore | None = None
+        self._budget: int | None = None
+        """Most training episodes that may be live or sent (started - failed); None: no limit."""
+        self._budget_changed: asyncio.Event | None = None
         self._update_lock: asyncio.Lock | None = None
         self._driver: asyncio.Task | None = None
         self._started = self._stopping = self._closed = False
@@ -175,6 +178,7 @@ class InferenceActor:
         for slot in range(cfg.env_slot_offset, cfg.env_slot_offset + cfg.num_slots):
             self._slots.put_nowait(slot)
         self._room = asyncio.Semaphore(cfg.concurrency)
+        self._budget_changed = asyncio.Event()
         self._update_lock = asyncio.Lock()
         pool = None
         if self.env is None and not cfg.env_address:  # the pool starts in a thread meanwhile
@@ -280,9 +284,29 @@ class InferenceActor:
     async def _drive(self, num_episodes: int | None) -> None:
         async with asyncio.TaskGroup() as tasks:
             for _ in itertools.count() if num_episodes is None else range(num_episodes):
+                await self._within_budget()
                 await self._room.acquire()
                 seed, group_id = self._next_group_member()
+                self.counts["episodes_started"] += 1  # before the task runs: the budget sees it
                 tasks.create_task(self._train_episode(seed, group_id))
+
+    async def set_episode_budget(self, budget: int | None) -> None:
+        """Allow at most ``budget`` training episodes started and not failed (None: no limit).
+
+        The controller raises it as the learner consumes batches, so the actor runs at most a
+        few batches ahead of the learner: its episodes then start close to the weights that
+        will train on them, instead of filling the buffer with trajectories the staleness
+        bound would drop.
+        """
+        self._budget = budget
+        if self._budget_changed is not None:
+            self._budget_changed.set()
+
+    async def _within_budget(self) -> None:
+        while (self._budget is not None and
+               self.counts["episodes_started"] - self.counts["episodes_failed"] >= self._budget):
+            self._budget_changed.clear()
+            await self._budget_changed.wait()
 
     def _next_group_member(self) -> tuple[int, int]:
         if self._member == 0:
@@ -294,10 +318,10 @@ class InferenceActor:
 
     async def _train_episode(self, seed: int, group_id: int) -> None:
         try:
-            self.counts["episodes_started"] += 1
             result = await self._play(seed, group_id, self.cfg.temperature, self.cfg.top_p)
             if result.trajectory is None:
                 self.counts["episodes_failed"] += 1
+                self._budget_changed.set()  # a failed episode gives its place in the budget back
                 self.counts[f"failed/{result.failure.split(':')[0]}"] += 1
                 return
             self.counts["episodes_done"] += 1

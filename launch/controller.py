@@ -154,7 +154,8 @@ def prepare_model(cfg, run_dir: Path) -> str:
     from launch.warm_start import warm_start
 
     ws = cfg.warm_start
-    task = ray.remote(num_cpus=cfg.learner.cpus, num_gpus=cfg.learner.gpus)(warm_start)
+    # max_calls=1: the worker process exits after the task and gives its memory back
+    task = ray.remote(num_cpus=cfg.learner.cpus, num_gpus=cfg.learner.gpus, max_calls=1)(warm_start)
     return str(ray.get(task.remote(
         str(path), str(out), env_name=cfg.env_name,
         env_config=OmegaConf.to_container(cfg.env, resolve=True), n_seeds=ws.seeds, seed_offset=0,
@@ -299,6 +300,7 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
             evals = [logger.log("eval", step, evaluate(procs, seeds))]
             print(f"eval before RL: success {evals[-1]['success']:.3f} on {len(seeds)} seeds", flush=True)
             if t.mode == "async":
+                _set_budgets(cfg, procs, step, dropped=0)
                 procs.runs = [a.run.remote() for a in procs.actors]
             per_actor = _episodes_per_actor(cfg)
             empty = 0
@@ -316,6 +318,8 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
                 step += 1
                 if step % t.publish_every == 0:
                     metrics.update(push_weights(procs, step))
+                if procs.runs:
+                    _set_budgets(cfg, procs, step, dropped=int(metrics.get("buffer/dropped_stale", 0)))
                 wall = time.perf_counter() - t_step
                 metrics["timing/step_wall_s"] = wall
                 metrics["throughput/trajectories_per_s"] = t.batch_size / wall
@@ -331,7 +335,7 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
             if procs.runs:
                 ray.get([a.stop.remote() for a in procs.actors])
                 ray.get(procs.runs)
-            if evals[-1]["step"] != step:
+            if evals[-1]["step"] != step and not stop.requested:  # a stop request leaves quickly
                 evals.append(logger.log("eval", step, evaluate(procs, seeds)))
             print(f"eval after RL: success {evals[-1]['success']:.3f}", flush=True)
             _checkpoint(procs, checkpoint, step)
@@ -350,6 +354,17 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
         logger.close()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _set_budgets(cfg, procs: Processes, step: int, *, dropped: int) -> None:
+    """Let the actors run at most ``1 + max_staleness`` batches ahead of the learner (in whole
+    GRPO groups, plus whatever the buffer dropped, so the learner never starves)."""
+    import ray
+
+    total = (step + 1 + cfg.learner.max_staleness) * cfg.train.batch_size + dropped
+    n, g = len(procs.actors), cfg.actors.group_size
+    per_actor = -(-total // (n * g)) * g
+    ray.get([a.set_episode_budget.remote(per_actor) for a in procs.actors])
 
 
 def _episodes_per_actor(cfg) -> list[int]:

@@ -231,3 +231,30 @@ def test_evaluate_plays_greedy_episodes_without_sending(tokenizer):
     assert set(out) == {"success", "reward", "format_correct", "turns", "n"}
     assert out["n"] == 5 and 1 <= out["turns"] <= 3
     assert stats["episodes_done"] == 0  # evaluation is not training
+
+
+def test_episode_budget_holds_the_actor_back_until_raised(tokenizer):
+    receiver = TrajectoryReceiver("tcp://127.0.0.1:0")
+
+    async def scenario():
+        actor = _actor(tokenizer, group_size=2, learner_address=receiver.address)
+        await actor.start()
+        await actor.set_episode_budget(4)
+        running = asyncio.create_task(actor.run())
+        first = await _received(receiver, 6, timeout_s=1.0)  # only 4 may come
+        held = (await actor.stats())["episodes_started"]
+        await actor.set_episode_budget(8)
+        second = await _received(receiver, 4, timeout_s=5.0)
+        await asyncio.sleep(0.2)
+        after = (await actor.stats())["episodes_started"]
+        await actor.stop()
+        await running
+        await actor.close()
+        return len(first), held, len(second), after
+
+    try:
+        first, held, second, after = asyncio.run(scenario())
+    finally:
+        receiver.close()
+    assert (first, held) == (4, 4)
+    assert (second, after) == (4, 8)

@@ -1,0 +1,97 @@
+"""The whole loop: async vs sync on the same config, and async throughput with 1, 2, 4 actors when
+env latency dominates. Every run is a real `launch.controller.train` (Ray, vLLM actors, ZeroMQ,
+gloo broadcast, FSDP learner) on the tiny model; ratios are against the sync run / the 1-actor run
+measured in the same invocation.
+
+    python -m tests.benchmarks.bench_loop [--steps 12] [--batch 16] [--delays 0.1] [--json out.json]
+
+Throughput = trajectories trained on per second over the steady state (from the first to the
+last learner step, so start-up is excluded). Where the time goes comes from the actors' counters
+(generation, env, weight updates, engine idle) and the learner's (waiting for a batch, training,
+pushing weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+
+from launch.controller import train
+from tests.benchmarks.report import report
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def run(overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+    with tempfile.TemporaryDirectory() as d:
+        summary = train(cfg, Path(d))
+        rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["kind"] == "train"]
+    span = steps[-1]["time_s"] - steps[0]["time_s"]
+    batch = cfg.train.batch_size
+    mean = lambda key: sum(r.get(key, 0.0) for r in steps[1:]) / max(len(steps) - 1, 1)  # noqa: E731
+    actors = summary["actors"]
+    return {
+        "traj_per_s": (len(steps) - 1) * batch / span,
+        "s_per_step": span / (len(steps) - 1),
+        "learner_wait_s": mean("timing/wait_batch_s"),
+        "learner_train_s": mean("timing/step_s"),
+        "push_s": mean("weights/push_s"),
+        "actor_generate_s": sum(a["time/generate_s"] for a in actors),
+        "actor_env_s": sum(a["time/env_s"] for a in actors),
+        "actor_idle_s": sum(a["time/idle_s"] for a in actors),
+        "dropped_stale": sum(v["dropped"] for v in summary["accounting"].values()),
+        "produced": sum(a["episodes_sent"] for a in actors),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--delay", type=float, default=0.1, help="env step delay for the actor scaling runs")
+    p.add_argument("--actors", default="1,2,4")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    base = [f"train.steps={a.steps}", f"train.batch_size={a.batch}", "train.eval_every=0",
+            "train.eval_seeds=4", "warm_start.enabled=false", "logger.wandb=false",
+            "actors.group_size=4", "actors.max_tokens=64"]
+    rows = []
+    sync = run([*base, "train.mode=sync"])
+    asyn = run([*base, "train.mode=async"])
+    for name, r in (("sync", sync), ("async", asyn)):
+        rows.append({"run": name, "traj/s": f"{r['traj_per_s']:.2f}",
+                     "vs sync": f"{r['traj_per_s'] / sync['traj_per_s']:.2f}x",
+                     "s/step": f"{r['s_per_step']:.2f}", "learner wait s": f"{r['learner_wait_s']:.2f}",
+                     "train s": f"{r['learner_train_s']:.2f}", "push s": f"{r['push_s']:.3f}",
+                     "dropped stale": r["dropped_stale"], "produced": r["produced"]})
+    report(rows)
+    scale = []
+    first = None
+    for n in (int(x) for x in a.actors.split(",")):
+        r = run([*base, "train.mode=async", f"actors.num={n}", f"+env.step_delay_s={a.delay}",
+                 f"ray.num_cpus={max(2, n + 1)}"])
+        first = first or r
+        scale.append({"actors": n, "env delay s": a.delay, "traj/s": f"{r['traj_per_s']:.2f}",
+                      "vs 1 actor": f"{r['traj_per_s'] / first['traj_per_s']:.2f}x",
+                      "learner wait s": f"{r['learner_wait_s']:.2f}", "actor env s": f"{r['actor_env_s']:.0f}",
+                      "actor generate s": f"{r['actor_generate_s']:.0f}"})
+    print()
+    report(scale)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"mode": rows, "scaling": scale}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
