@@ -1,0 +1,134 @@
+"""Solver demonstrations for the warm start: whole episodes whose answers a perfect-but-noisy
+player wrote, as token-in/token-out Trajectories exactly as the actor would have recorded them.
+
+Called by launch/warm_start.py (supervised fine-tuning before RL). Works for the grid envs
+(envs.frozenlake, envs.sokoban: a ``GridEnv`` with a ``game`` that can ``solve()``), in every
+answer format of envs.formats.FORMATS.
+
+Invariants:
+- Each turn's answer is written from the TRUE state: ``<observation>`` is ``env.state_text()``
+  before the turn's actions, ``<prediction>`` the state text after them (computed by playing the
+  actions on a copy of the game, which also carries a slippery game's random state, so it is
+  exact), ``<reasoning>`` one deterministic sentence naming where the first object (the goal, the
+  box) lies. ``free_think`` thinks the observation and the reasoning; ``no_think`` answers only.
+- Actions: ``actions_per_turn`` per turn (default: the env's maximum), each the solver's next
+  move replanned from the current state, replaced by a uniformly random action with probability
+  ``action_noise``; once no solution exists (a box in a corner) every action is random. A turn
+  stops early where the episode ends (goal, hole), as the env would stop executing.
+- Tokens come from actors.episode.ChatContext as in ``run_episode``: the observation through the
+  chat template, the answer as a stopped Generation (``tokenizer.encode(answer)`` + EOS, log-prob
+  0, version 0), so ``loss_mask`` is True on exactly the answers and their end-of-turn tokens.
+  The env steps on the answer text and its rewards are the turn rewards.
+- Deterministic in (``rng_seed``, seed): each episode has its own generator, so a demonstration
+  does not depend on which other seeds were asked for.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from actors.episode import ChatContext, Generation
+from envs.formats import FORMATS
+from envs.registry import make
+from envs.relations import PHRASES, describe, relation
+from transport.schema import Trajectory
+
+# What the player does about the first object the state names (envs' ``game.objects()``).
+_PLANS = {
+    "goal": "so I move toward it and keep off the holes",
+    "box": "so I walk behind it and push it onto the target",
+}
+# The sections inside <think> of the structured formats (envs.formats keeps its table private).
+_SECTIONS = {
+    "grounding": ("observation", "reasoning"),
+    "worldmodeling": ("reasoning", "prediction"),
+    "grounding_worldmodeling": ("observation", "reasoning", "prediction"),
+}
+
+
+def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
+                        seeds: Iterable[int], *, action_noise: float, rng_seed: int,
+                        actions_per_turn: int | None = None) -> list[Trajectory]:
+    """One demonstration episode per seed of ``env_name`` built with ``env_config``."""
+    if not 0.0 <= action_noise <= 1.0:
+        raise ValueError(f"action_noise must be in [0, 1], got {action_noise}")
+    env = make(env_name, **env_config)
+    if env.format not in (*_SECTIONS, "no_think", "free_think"):
+        raise ValueError(f"no demonstrations for format {env.format!r} (of {FORMATS})")
+    k = env.max_actions if actions_per_turn is None else actions_per_turn
+    if not 1 <= k <= env.max_actions:
+        raise ValueError(f"actions_per_turn must be in [1, {env.max_actions}], got {k}")
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    out = []
+    for i, seed in enumerate(seeds):
+        rng = np.random.default_rng([rng_seed, seed])
+        out.append(_episode(env, env_name, tokenizer, eos, int(seed), i, rng, action_noise, k))
+    env.close()
+    return out
+
+
+def _episode(env, env_name: str, tokenizer, eos: int, seed: int, index: int,
+             rng: np.random.Generator, noise: float, k: int) -> Trajectory:
+    ctx = ChatContext(tokenizer, env.system_prompt())
+    obs = env.reset(seed)
+    rewards, success, random_actions, n_actions = [], False, 0, 0
+    while True:
+        actions, after, n_random = _choose(env.game, rng, noise, k)
+        answer = _answer(env.format, env.action_sep, state=env.state_text(),
+                         reasoning=_reasoning(env.game), prediction=after, actions=actions)
+        ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
+        ctx.add_observation(obs.text)
+        ctx.add_generation(Generation(ids, [0.0] * len(ids), [0] * len(ids), stopped=True))
+        result = env.step(answer)
+        rewards.append(float(result.reward))
+        success = bool(result.info["success"])
+        random_actions, n_actions = random_actions + n_random, n_actions + len(actions)
+        obs = result.observation
+        if result.done:
+            break
+    metrics = {"success": float(success), "turns": float(len(rewards)),
+               "reward": float(sum(rewards)), "random_action_share": random_actions / n_actions}
+    return ctx.to_trajectory(rewards, run_id="demonstrations", actor_id=0, episode_id=index,
+                             env_name=env_name, seed=seed, group_id=index, metrics=metrics)
+
+
+def _choose(game, rng: np.random.Generator, noise: float, k: int) -> tuple[list[str], str, int]:
+    """(the turn's actions, the state text after them, how many were random), on a game copy."""
+    sim = copy.deepcopy(game)
+    actions, n_random = [], 0
+    for _ in range(k):
+        plan = sim.solve()
+        if not plan or rng.random() < noise:
+            action = sim.action_space[int(rng.integers(len(sim.action_space)))]
+            n_random += 1
+        else:
+            action = plan[0]
+        actions.append(action)
+        if sim.move(action)[1]:  # the episode ends here: the env executes nothing after it
+            break
+    return actions, describe(*sim.objects()), n_random
+
+
+def _reasoning(game) -> str:
+    player, objects = game.objects()
+    kind, pos = objects[0]
+    rel = relation(player, pos, kind)
+    plan = _PLANS.get(kind, "so I move toward it")
+    return f"The {kind} is {PHRASES[rel.vertical, rel.horizontal]} the player, {plan}."
+
+
+def _answer(format: str, action_sep: str, *, state: str, reasoning: str, prediction: str,
+            actions: list[str]) -> str:
+    """The answer in ``format`` (the tag sequences of envs.formats)."""
+    answer = f"<answer>{action_sep.join(actions)}</answer>"
+    if format == "no_think":
+        return answer
+    if format == "free_think":
+        return f"<think>{state} {reasoning}</think>{answer}"
+    text = {"observation": state, "reasoning": reasoning, "prediction": prediction}
+    inner = "".join(f"<{name}>{text[name]}</{name}>" for name in _SECTIONS[format])
+    return f"<think>{inner}</think>{answer}"

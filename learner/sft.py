@@ -1,0 +1,86 @@
+"""Supervised fine-tuning on demonstration trajectories: the warm start's loss and its loop.
+
+Called by launch/warm_start.py before RL, in one process (no process group: the models it is for
+train in seconds to minutes). Pure torch; the trajectories come from actors/demonstrations.py
+through the wire schema, collated by learner.batch like RL batches.
+
+Invariants:
+- the loss is the token mean, over the whole batch, of the cross-entropy of the policy's tokens
+  (``loss_mask``, the demonstrated answers and their end-of-turn tokens); token i is predicted by
+  the logits at position i - 1, so the first token of a row is never a target;
+- rows are right-padded and attention is causal, so padding never reaches a real position and
+  no attention mask is needed; tokens off the mask have no influence on the loss except as
+  context for later tokens;
+- ``train_sft`` is deterministic in ``seed`` (batch order); each step draws ``batch_size``
+  trajectories from a fresh shuffle of the data once the previous one is used up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from learner.batch import Batch, collate
+from transport.schema import Trajectory
+
+
+def sft_loss(model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean cross-entropy on ``batch.loss_mask`` and its metrics.
+
+    ``model(input_ids).logits`` has Shape (B, L, V); token_ids and loss_mask Shape (B, L).
+    Metrics: ``sft/loss``, ``sft/token_accuracy`` (greedy next-token prediction right),
+    ``sft/tokens`` (the number of target tokens).
+    """
+    device = next(model.parameters()).device
+    ids = batch.token_ids.to(device)
+    targets, mask = ids[:, 1:], batch.loss_mask[:, 1:].to(device)
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    picked = logits[mask]  # (N, V): only the target positions are scored
+    tokens = targets[mask]
+    if tokens.numel() == 0:
+        raise ValueError("the batch has no policy tokens to learn")
+    loss = F.cross_entropy(picked, tokens)
+    with torch.no_grad():
+        accuracy = (picked.argmax(-1) == tokens).float().mean()
+    return loss, {"sft/loss": float(loss.detach()), "sft/token_accuracy": float(accuracy),
+                  "sft/tokens": float(tokens.numel())}
+
+
+def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_size: int,
+              lr: float, seed: int, pad_id: int = 0, weight_decay: float = 0.0,
+              grad_clip: float = 1.0, log_every: int = 10,
+              on_log: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    """``steps`` AdamW steps on mini-batches of ``trajectories``; returns every step's metrics.
+
+    ``on_log`` gets the metrics of every ``log_every``-th step and of the last one.
+    """
+    if steps < 0 or batch_size < 1 or not trajectories:
+        raise ValueError(f"need steps >= 0, batch_size >= 1 and trajectories, got {steps}, "
+                         f"{batch_size}, {len(trajectories)}")
+    rng = np.random.default_rng(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+    order: list[int] = []
+    history = []
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        while len(order) < batch_size:
+            order += rng.permutation(len(trajectories)).tolist()
+        rows, order = order[:batch_size], order[batch_size:]
+        batch = collate([trajectories[i] for i in rows], pad_id=pad_id)
+        loss, metrics = sft_loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
+        optimizer.step()
+        metrics.update({"step": float(step), "optim/grad_norm": float(norm), "optim/lr": lr,
+                        "time/step_s": time.perf_counter() - t0})
+        history.append(metrics)
+        if on_log is not None and (step % log_every == 0 or step == steps):
+            on_log(metrics)
+    model.eval()
+    return history

@@ -1,0 +1,141 @@
+"""actors/demonstrations.py: solver demonstrations as Trajectories, replayed against fresh envs
+(the tiny tokenizer, both grid games, every answer format)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from actors.demonstrations import make_demonstrations
+from envs.formats import FORMATS, parse
+from envs.registry import load_config, make
+from launch.tiny_tokenizer import build_tokenizer
+
+ENVS = ("frozenlake", "sokoban")
+SEEDS = range(12)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(seed=0)
+
+
+def _answers(traj, tokenizer) -> list[str]:
+    """The text of each turn's answer: the loss-mask runs, decoded without the end-of-turn."""
+    m = traj.loss_mask
+    starts = np.flatnonzero(m & ~np.r_[False, m[:-1]])
+    ends = np.flatnonzero(traj.turn_end)
+    return [tokenizer.decode(traj.token_ids[s:e + 1].tolist(), skip_special_tokens=True)
+            for s, e in zip(starts, ends)]
+
+
+def _replay(name, config, traj, tokenizer):
+    """Step a fresh env with the demonstration's answers; yields (answer, state before, step)."""
+    env = make(name, **config)
+    env.reset(traj.seed)
+    for answer in _answers(traj, tokenizer):
+        before = env.state_text()
+        yield answer, before, env.step(answer), env
+
+
+def _solution_fits(name, config, seed) -> bool:
+    env = make(name, **config)
+    env.reset(seed)
+    return len(env.solve()) <= env.max_turns * env.max_actions
+
+
+@pytest.mark.parametrize("name", ENVS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_noiseless_demonstrations_are_well_formed_and_succeed(tokenizer, name, fmt):
+    config = {**load_config(name), "format": fmt}
+    demos = make_demonstrations(name, config, tokenizer, SEEDS, action_noise=0.0, rng_seed=0)
+    assert [d.seed for d in demos] == list(SEEDS)
+    for traj in demos:
+        rewards = []
+        for answer, before, step, env in _replay(name, config, traj, tokenizer):
+            parsed = parse(answer, fmt, action_sep=env.action_sep, max_actions=env.max_actions)
+            assert parsed.format_correct and step.info["actions_valid"], answer
+            if "grounding" in fmt:
+                assert parsed.observation == before
+            if "worldmodeling" in fmt:
+                assert parsed.prediction == env.state_text()
+            rewards.append(step.reward)
+        assert traj.turn_rewards.tolist() == pytest.approx(rewards)
+        assert step.done and len(rewards) == len(traj.turn_rewards)
+        if _solution_fits(name, config, traj.seed):
+            assert step.info["success"] and traj.metrics["success"] == 1.0
+
+
+def test_loss_mask_covers_exactly_the_answers_and_their_end_of_turn(tokenizer):
+    config = load_config("frozenlake")
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    for traj in make_demonstrations("frozenlake", config, tokenizer, SEEDS, action_noise=0.5,
+                                    rng_seed=1):
+        answers = _answers(traj, tokenizer)
+        expected = [t for a in answers for t in tokenizer.encode(a, add_special_tokens=False) + [eos]]
+        assert traj.token_ids[traj.loss_mask].tolist() == expected
+        assert all(a.startswith("<think><observation>") and a.endswith("</answer>") for a in answers)
+        # The whole sequence is the chat template of the conversation (system, observations,
+        # answers), up to the glue after the last answer.
+        env = make("frozenlake", **config)
+        msgs = [{"role": "system", "content": env.system_prompt()},
+                {"role": "user", "content": env.reset(traj.seed).text}]
+        for a in answers:
+            step = env.step(a)
+            msgs.append({"role": "assistant", "content": a})
+            if not step.done:
+                msgs.append({"role": "user", "content": step.observation.text})
+        whole = tokenizer.apply_chat_template(msgs, tokenize=False)
+        assert whole == tokenizer.decode(traj.token_ids.tolist()) + "\n"
+        assert np.all(traj.policy_version[traj.loss_mask] == 0)
+        assert np.all(traj.behaviour_logprobs == 0)
+        assert np.all(traj.token_ids[traj.turn_end] == eos)
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_full_noise_gives_random_actions(tokenizer, name):
+    config = load_config(name)
+    seeds = range(40)
+    demos = make_demonstrations(name, config, tokenizer, seeds, action_noise=1.0, rng_seed=0)
+    assert all(d.metrics["random_action_share"] == 1.0 for d in demos)
+    first = []
+    for traj in demos:
+        answer, *_ = next(_replay(name, config, traj, tokenizer))
+        first.append(parse(answer, config["format"]).actions[0])
+    counts = np.array([first.count(a) for a in make(name, **config).action_space])
+    assert counts.min() >= 4  # 40 uniform draws over 4 actions: each seen (p of failing < 1e-3)
+    assert np.mean([d.metrics["success"] for d in demos]) < 0.5
+
+
+def test_noise_is_the_share_of_random_actions_and_costs_success(tokenizer):
+    config = load_config("frozenlake")
+    demos = make_demonstrations("frozenlake", config, tokenizer, range(60), action_noise=0.4,
+                                rng_seed=0)
+    share = np.mean([d.metrics["random_action_share"] for d in demos])
+    assert 0.3 < share < 0.5
+    assert 0.3 < np.mean([d.metrics["success"] for d in demos]) < 1.0
+
+
+def test_deterministic_in_rng_seed_and_independent_of_the_other_seeds(tokenizer):
+    config = load_config("sokoban")
+    a = make_demonstrations("sokoban", config, tokenizer, [3, 4, 5], action_noise=0.5, rng_seed=7)
+    b = make_demonstrations("sokoban", config, tokenizer, [5], action_noise=0.5, rng_seed=7)
+    c = make_demonstrations("sokoban", config, tokenizer, [3, 4, 5], action_noise=0.5, rng_seed=8)
+    assert a[2].token_ids.tolist() == b[0].token_ids.tolist()
+    again = make_demonstrations("sokoban", config, tokenizer, [3, 4, 5], action_noise=0.5, rng_seed=7)
+    assert [t.token_ids.tolist() for t in a] == [t.token_ids.tolist() for t in again]
+    assert [t.token_ids.tolist() for t in a] != [t.token_ids.tolist() for t in c]
+
+
+def test_actions_per_turn_and_bad_settings(tokenizer):
+    config = load_config("frozenlake")
+    demos = make_demonstrations("frozenlake", config, tokenizer, SEEDS, action_noise=0.0,
+                                rng_seed=0, actions_per_turn=1)
+    for traj in demos:
+        for answer, *_ in _replay("frozenlake", config, traj, tokenizer):
+            assert len(parse(answer, config["format"]).actions) == 1
+    with pytest.raises(ValueError, match="actions_per_turn"):
+        make_demonstrations("frozenlake", config, tokenizer, [0], action_noise=0.0, rng_seed=0,
+                            actions_per_turn=4)
+    with pytest.raises(ValueError, match="action_noise"):
+        make_demonstrations("frozenlake", config, tokenizer, [0], action_noise=1.5, rng_seed=0)

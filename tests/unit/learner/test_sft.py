@@ -1,0 +1,132 @@
+"""learner/sft.py: the SFT loss against hand and naive computations, its mask, and the loop
+learning the demonstrations on a tiny Qwen2."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from learner.batch import collate
+from learner.sft import sft_loss, train_sft
+from transport.schema import Trajectory
+
+
+class Bigram(nn.Module):
+    """logits[b, i] = table[token_ids[b, i]]: each prediction sees only the current token."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = nn.Parameter(table.clone())
+
+    def forward(self, input_ids):
+        self.logits = self.table[input_ids]
+        self.logits.retain_grad()  # for the gradient test
+        return SimpleNamespace(logits=self.logits)
+
+
+def _trajectory(tokens, mask, seed=0):
+    mask = np.array(mask, dtype=bool)
+    ends = mask & ~np.r_[mask[1:], False]
+    return Trajectory(
+        run_id="t", actor_id=0, episode_id=0, env_name="e", seed=seed, group_id=0,
+        token_ids=np.array(tokens, dtype=np.int32), loss_mask=mask, turn_end=ends,
+        behaviour_logprobs=np.zeros(len(mask), np.float32),
+        policy_version=np.where(mask, 0, -1).astype(np.int32),
+        turn_rewards=np.zeros(int(ends.sum()), np.float32))
+
+
+PROBS = torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [0.6, 0.2, 0.2]])
+
+
+def test_loss_and_accuracy_by_hand():
+    model = Bigram(PROBS.log())
+    batch = collate([_trajectory([0, 1, 1, 2], [0, 1, 1, 0]), _trajectory([2, 0], [0, 1])], pad_id=2)
+    loss, metrics = sft_loss(model, batch)
+    # Targets: 1 after 0 (p .25), 1 after 1 (p .8), 0 after 2 (p .6); the mean over all three.
+    expected = -(math.log(0.25) + math.log(0.8) + math.log(0.6)) / 3
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    # Greedy predictions: after 0 -> 0 (wrong), after 1 -> 1 (right), after 2 -> 0 (right).
+    assert metrics["sft/token_accuracy"] == pytest.approx(2 / 3)
+    assert metrics["sft/tokens"] == 3 and metrics["sft/loss"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_loss_equals_a_naive_per_token_loop():
+    g = torch.Generator().manual_seed(0)
+    vocab = 11
+    model = Bigram(torch.randn(vocab, vocab, generator=g))
+    rng = np.random.default_rng(0)
+    trajs = []
+    for n in (7, 12, 4):
+        mask = rng.random(n) < 0.5
+        mask[-1] = True
+        trajs.append(_trajectory(rng.integers(vocab, size=n), mask))
+    loss, _ = sft_loss(model, collate(trajs, pad_id=0))
+    terms = []
+    for t in trajs:
+        for i in range(1, len(t.token_ids)):
+            if t.loss_mask[i]:
+                logp = torch.log_softmax(model.table[int(t.token_ids[i - 1])], -1)
+                terms.append(-logp[int(t.token_ids[i])].item())
+    assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-5)
+
+
+def test_tokens_off_the_mask_have_no_influence_as_targets():
+    g = torch.Generator().manual_seed(1)
+    model = Bigram(torch.randn(5, 5, generator=g))
+    tokens, mask = [1, 2, 3, 4, 0, 1, 2], [0, 1, 1, 0, 0, 1, 0]
+    base, _ = sft_loss(model, collate([_trajectory(tokens, mask)], pad_id=0))
+    # Position 4 is neither a target nor the context of one (position 5's context is token 4):
+    # with a bigram model its value cannot matter; nor can anything after the last target.
+    changed = list(tokens)
+    changed[3], changed[6] = 0, 3
+    other, _ = sft_loss(model, collate([_trajectory(changed, mask)], pad_id=0))
+    assert other.item() == base.item()
+    # No gradient reaches the logits of positions whose next token is off the mask.
+    loss, _ = sft_loss(model, collate([_trajectory(tokens, mask)], pad_id=0))
+    loss.backward()
+    grad_rows = model.logits.grad[0].abs().sum(-1)
+    predicts_target = torch.tensor(mask[1:] + [0], dtype=torch.bool)
+    assert torch.all(grad_rows[~predicts_target] == 0) and torch.all(grad_rows[predicts_target] > 0)
+
+
+def test_a_batch_without_targets_is_an_error():
+    with pytest.raises(ValueError, match="no policy tokens"):
+        sft_loss(Bigram(PROBS.log()), collate([_trajectory([0, 1], [1, 0])]))
+
+
+def _tiny_qwen(vocab: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=2048, tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Qwen2ForCausalLM(config)
+
+
+def test_train_sft_lowers_the_loss_on_demonstrations_and_is_deterministic():
+    from actors.demonstrations import make_demonstrations
+    from envs.registry import load_config
+    from launch.tiny_tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(seed=0)
+    demos = make_demonstrations("frozenlake", load_config("frozenlake"), tokenizer, range(4),
+                                action_noise=0.0, rng_seed=0)
+    logged = []
+    runs = []
+    for _ in range(2):
+        model = _tiny_qwen(len(tokenizer))
+        runs.append(train_sft(model, demos, steps=20, batch_size=2, lr=3e-3, seed=0,
+                              pad_id=tokenizer.pad_token_id, log_every=10, on_log=logged.append))
+    history = runs[0]
+    losses = [h["sft/loss"] for h in history]
+    assert len(history) == 20 and [h["step"] for h in logged] == [10, 20, 10, 20]
+    assert np.mean(losses[-3:]) < 0.6 * np.mean(losses[:3])
+    assert history[-1]["sft/token_accuracy"] > history[0]["sft/token_accuracy"]
+    assert losses == [h["sft/loss"] for h in runs[1]]
