@@ -281,6 +281,11 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
     logger = RunLogger(run_dir, OmegaConf.to_container(cfg, resolve=True), wandb_mode=cfg.logger.mode,
                        use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
     started = init_ray(cfg)
+    monitor = None
+    if started:  # a local cluster: every process of the run is a descendant of this one
+        from launch.memory import MemoryMonitor
+
+        monitor = MemoryMonitor(os.getpid())
     procs = Processes()
     summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": cfg.train.mode}
     t = cfg.train
@@ -324,6 +329,8 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
                 metrics["timing/step_wall_s"] = wall
                 metrics["throughput/trajectories_per_s"] = t.batch_size / wall
                 metrics["throughput/tokens_per_s"] = metrics.get("rollout/tokens", 0.0) / wall
+                if monitor is not None:
+                    metrics["memory/total_gib"] = monitor.sample() / 2**30
                 record = logger.log("train", step, metrics)
                 if step % cfg.logger.print_every == 0:
                     logger.progress(record)
@@ -349,6 +356,9 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
                 accounting=ray.get(procs.learners[0].accounting.remote()),
             )
     finally:
+        if monitor is not None:
+            summary["memory"] = monitor.report()
+            monitor.close()
         shutdown(procs, started)
         logger.plot()
         logger.close()
@@ -356,15 +366,24 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def episode_budget(step: int, *, batch_size: int, run_ahead: int, max_staleness: int,
+                   dropped: int, actors: int, group_size: int) -> int:
+    """Per actor: the most training episodes it may have started (and not failed) once the
+    learner has taken ``step`` batches: ``1 + run_ahead`` batches beyond them (run_ahead capped
+    at max_staleness), plus what the buffer dropped (so the learner never starves), split over
+    the actors in whole GRPO groups. run_ahead 1: the actors fill the next batch while the
+    learner trains on this one, so trajectories are about one version stale."""
+    total = (step + 1 + min(run_ahead, max_staleness)) * batch_size + dropped
+    return -(-total // (actors * group_size)) * group_size
+
+
 def _set_budgets(cfg, procs: Processes, step: int, *, dropped: int) -> None:
-    """Let the actors run at most ``1 + max_staleness`` batches ahead of the learner (in whole
-    GRPO groups, plus whatever the buffer dropped, so the learner never starves)."""
     import ray
 
-    total = (step + 1 + cfg.learner.max_staleness) * cfg.train.batch_size + dropped
-    n, g = len(procs.actors), cfg.actors.group_size
-    per_actor = -(-total // (n * g)) * g
-    ray.get([a.set_episode_budget.remote(per_actor) for a in procs.actors])
+    budget = episode_budget(step, batch_size=cfg.train.batch_size, run_ahead=cfg.actors.run_ahead,
+                            max_staleness=cfg.learner.max_staleness, dropped=dropped,
+                            actors=len(procs.actors), group_size=cfg.actors.group_size)
+    ray.get([a.set_episode_budget.remote(budget) for a in procs.actors])
 
 
 def _episodes_per_actor(cfg) -> list[int]:

@@ -50,5 +50,7 @@ def test_short_run_keeps_its_promises(tmp_path, mode):
     ((name, acc),) = summary["accounting"].items()
     assert acc["received"] == actor["episodes_sent"]
     assert acc["taken"] == 4 * 8 and acc["taken"] + acc["dropped"] <= acc["received"]
+    # Every process of the run (Ray, 2 learner ranks, the actor with its vLLM engine, env workers).
+    assert 0.5 < summary["memory"]["memory/peak_total_gib"] < 8
     assert (tmp_path / "learning_curve.png").exists() and (tmp_path / "final-model" / "config.json").exists()
     assert "[policy v" in (tmp_path / "samples.txt").read_text()

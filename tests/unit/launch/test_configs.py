@@ -67,3 +67,20 @@ def test_sync_mode_asks_each_actor_for_whole_groups(batch, group, actors, expect
     split = _episodes_per_actor(cfg)
     assert split == expected
     assert sum(split) >= batch and all(n % group == 0 for n in split)
+
+
+@pytest.mark.parametrize("step,ahead,stale,dropped,actors,group,expected", [
+    (0, 1, 2, 0, 1, 4, 64),      # the first batch and one more
+    (5, 1, 2, 0, 1, 4, 224),     # (5 + 1 + 1) batches of 32
+    (5, 4, 2, 0, 1, 4, 256),     # run_ahead is capped at max_staleness
+    (0, 1, 2, 3, 1, 4, 68),      # dropped trajectories are replaced, in whole groups
+    (0, 1, 2, 0, 3, 4, 24),      # 64 over 3 actors -> 22 -> 24 (whole groups of 4)
+    (0, 0, 0, 0, 1, 4, 32),      # strictly on-policy
+])
+def test_episode_budget(step, ahead, stale, dropped, actors, group, expected):
+    from launch.controller import episode_budget
+
+    got = episode_budget(step, batch_size=32, run_ahead=ahead, max_staleness=stale, dropped=dropped,
+                         actors=actors, group_size=group)
+    assert got == expected and got % group == 0
+    assert got * actors >= (step + 1 + min(ahead, stale)) * 32 + dropped

@@ -1,0 +1,77 @@
+"""Memory of a run's processes on this node, sampled in a thread (peak per process and in total).
+
+Proportional set size (PSS: shared pages split between the processes that map them), so the
+total counts vLLM's and torch's shared libraries and Ray's shared-memory object store once.
+
+Called by the controller for local clusters: it watches the driver and every process in its
+Ray session (raylet, GCS, Ray workers and their children: vLLM engine cores and workers, env
+workers). Reports peaks per process kind and the peak of the total, for the memory budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import psutil
+
+
+def _kind(p: psutil.Process) -> str:
+    try:
+        name = " ".join(p.cmdline()[:3])
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "gone"
+    for key in ("LearnerWorker", "InferenceActor", "EngineCore", "VLLM::Worker", "raylet", "gcs_server",
+                "dashboard", "RuntimeEnvAgent", "envs.worker", "warm_start", "forkserver", "multiprocessing"):
+        if key.lower() in name.lower():
+            return key
+    return "ray::" + name.split("ray::")[1].split()[0] if "ray::" in name else "other"
+
+
+class MemoryMonitor:
+    def __init__(self, root_pid: int, interval_s: float = 5.0) -> None:
+        self.root = psutil.Process(root_pid)
+        self.interval_s = interval_s
+        self.peak_total = 0
+        self.peak_by_pid: dict[int, tuple[str, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-monitor", daemon=True)
+        self._thread.start()
+
+    def _processes(self) -> list[psutil.Process]:
+        procs = {self.root.pid: self.root}
+        for p in self.root.children(recursive=True):
+            procs[p.pid] = p
+        # Ray's processes are children of raylet, which the driver started (local cluster).
+        return list(procs.values())
+
+    def sample(self) -> int:
+        total = 0
+        for p in self._processes():
+            try:
+                rss = p.memory_full_info().pss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            total += rss
+            kind, peak = self.peak_by_pid.get(p.pid, (None, 0))
+            if rss > peak:
+                self.peak_by_pid[p.pid] = (kind or _kind(p), rss)
+        self.peak_total = max(self.peak_total, total)
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def report(self) -> dict[str, float]:
+        """``memory/peak_total_gib`` and the largest per-process peak of each kind, in GiB."""
+        by_kind: dict[str, int] = defaultdict(int)
+        for kind, rss in self.peak_by_pid.values():
+            by_kind[kind] = max(by_kind[kind], rss)
+        out = {"memory/peak_total_gib": self.peak_total / 2**30}
+        out.update({f"memory/peak_{k}_gib": v / 2**30 for k, v in sorted(by_kind.items())})
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
