@@ -71,6 +71,8 @@ class TrainerConfig:
     """Policy AdamW learning rate."""
     critic_lr: float = 1e-5
     weight_decay: float = 0.0
+    adam_eps: float = 1e-8
+    """AdamW epsilon (policy and critic)."""
     grad_clip: float = 1.0
     """Max global grad norm, policy and critic separately; 0: no clipping."""
     epochs: int = 1
@@ -210,7 +212,8 @@ class Trainer:
         return fully_shard(model, mesh=self._mesh, mp_policy=self._mp)
 
     def _adamw(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=self.cfg.weight_decay)
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=self.cfg.weight_decay,
+                                 eps=self.cfg.adam_eps)
 
     # --- the train step ---------------------------------------------------------------------
 

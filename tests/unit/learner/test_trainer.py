@@ -255,7 +255,10 @@ TWO_RANK_RUNS = [  # (config overrides, number of trajectories): even split, and
 
 
 def _two_rank_config(model_path, algorithm, **overrides) -> TrainerConfig:
-    return _config(model_path, algorithm, lr=1e-3, critic_lr=1e-3, **overrides)
+    # A large Adam epsilon keeps each update linear in its gradient: with the default, an
+    # element whose gradient is ~0 moves by +-lr on the sign of its summation noise, which
+    # differs between one rank and two.
+    return _config(model_path, algorithm, lr=1e-3, critic_lr=1e-3, adam_eps=1e-3, **overrides)
 
 
 def _run(cfg: TrainerConfig, trajectories) -> tuple[dict, dict]:
@@ -307,6 +310,10 @@ def test_two_ranks_train_like_one(model_path, hf_model, tmp_path):
             torch.testing.assert_close(v, want[k], atol=1e-5, rtol=0, msg=f"{overrides}: {k}")
         del metrics0["timing/step_s"], metrics1["timing/step_s"], want_metrics["timing/step_s"]
         assert metrics0 == metrics1
+        # Clip fractions count tokens on either side of a threshold: one token sitting on it
+        # may fall either way under summation noise.
+        for k in [k for k in want_metrics if k.endswith("clip_frac")]:
+            assert abs(metrics0.pop(k) - want_metrics.pop(k)) <= 1 / 32, k  # > 32 tokens
         assert metrics0 == pytest.approx(want_metrics, rel=1e-4, abs=1e-5, nan_ok=True)
 
 
