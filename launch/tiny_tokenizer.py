@@ -11,12 +11,18 @@ network. Invariants:
 - `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` and the vision tokens are special (dropped by
   `skip_special_tokens=True`); the reasoning tags are atomic added tokens that are NOT special, so
   they survive vLLM's default detokenisation (Qwen3 does the same with `<think>`);
+- every cell of a symbol grid is its own token: no learned token holds two grid symbols
+  (`GRID_SYMBOLS`) or a grid symbol and a line break, so "PO__" is P, O, _, _ and a model reads
+  positions cell by cell, as a word-level vocabulary would (merged pairs like "PO" or "__" hide
+  where the player is);
 - the same seed and sizes give a byte-identical `tokenizer.json`.
 """
 
 from __future__ import annotations
 
+import json
 import random
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,7 +75,8 @@ Sokoban FrozenLake symbol symbols means represents legend coordinate coordinates
 nearest blocked free path route north south east west please choose select final Please You
 Your The A If When After Before Then Now Answer Think Observation Reward Action Valid
 """.split()
-_SYMBOLS = ("P", "_", "#", "O", "G", "X", "√", "S", "F", "H", ".", "@", "$", "*", "+")
+GRID_SYMBOLS = ("P", "_", "#", "O", "G", "X", "√", "S", "F", "H", ".", "@", "$", "*", "+")
+"""The cell symbols of the grid envs' text observations (and common others): never merged."""
 _SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "bo", "da", "fu", "gi", "he",
               "ju", "pa", "qi", "ro", "su", "ty", "wo", "xe", "yu", "cha", "sh", "th", "st", "er")
 
@@ -82,7 +89,7 @@ def synthetic_corpus(seed: int, n_lines: int = 3000) -> list[str]:
         kind = i % 5
         if kind == 0:  # a grid, with or without separators
             sep = rng.choice(("", " ", ", "))
-            rows = [sep.join(rng.choice(_SYMBOLS[:7]) for _ in range(rng.randint(3, 8)))
+            rows = [sep.join(rng.choice(GRID_SYMBOLS[:7]) for _ in range(rng.randint(3, 8)))
                     for _ in range(rng.randint(3, 8))]
             lines.append("\n".join(rows))
         elif kind == 1:  # a sentence about positions
@@ -115,17 +122,60 @@ def train_tokenizer(seed: int = 0, vocab_size: int = 1024) -> tokenizers.Tokeniz
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=n_bpe, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
+    # Learn more merges than needed, drop those that join grid cells, keep the first n_bpe tokens.
     # The corpus grows with the vocabulary so that BPE finds enough merges (2 lines per token).
-    tok.train_from_iterator(synthetic_corpus(seed, n_lines=max(3000, 2 * vocab_size)), trainer)
+    learned = n_bpe + _MERGE_SLACK
+    trainer = BpeTrainer(
+        vocab_size=learned, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(synthetic_corpus(seed, n_lines=max(3000, 2 * learned)), trainer)
+    tok = _without_grid_merges(tok, n_bpe)
     if tok.get_vocab_size() != n_bpe:
         raise RuntimeError(f"corpus too small: learned {tok.get_vocab_size()} of {n_bpe} BPE tokens")
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t in SPECIAL_TOKENS + VISION_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in REASONING_TAGS])
     return tok
+
+
+_MERGE_SLACK = 512
+
+
+@cache
+def _byte_of_char() -> dict[str, int]:
+    """Inverse of byte-level BPE's byte -> printable character table (GPT-2's)."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(rest)}
+    assert set(table) == set(alphabet)
+    return table
+
+
+def _joins_cells(token: str) -> bool:
+    """Whether a learned token holds two grid symbols, or one and a line break. Partial bytes of
+    a multi-byte symbol ("√") count as a symbol, so "√" itself may form but never "_" + part of it."""
+    text = bytes(_byte_of_char()[c] for c in token).decode("utf-8", errors="replace")
+    cells = sum(c in GRID_SYMBOLS or c == "\ufffd" for c in text)
+    return cells >= 2 or (cells == 1 and "\n" in text)
+
+
+def _without_grid_merges(tok: tokenizers.Tokenizer, n_bpe: int) -> tokenizers.Tokenizer:
+    """`tok` with every token that joins grid cells (and every merge that needs one) removed, cut
+    to its first `n_bpe` tokens in learned order and re-numbered."""
+    from tokenizers import Tokenizer
+
+    state = json.loads(tok.to_str())
+    vocab, merges = state["model"]["vocab"], state["model"]["merges"]
+    kept = [t for t in sorted(vocab, key=vocab.get) if len(t) == 1 or not _joins_cells(t)][:n_bpe]
+    known = set(kept)
+    state["model"]["vocab"] = {t: i for i, t in enumerate(kept)}
+    state["model"]["merges"] = [m for m in merges if m[0] in known and m[1] in known
+                                and m[0] + m[1] in known]
+    return Tokenizer.from_str(json.dumps(state))
 
 
 def build_tokenizer(

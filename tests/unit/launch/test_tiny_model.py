@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from launch.tiny_model import build_tiny_model
-from launch.tiny_tokenizer import REASONING_TAGS, SPECIAL_TOKENS, VISION_TOKENS
+from launch.tiny_tokenizer import GRID_SYMBOLS, REASONING_TAGS, SPECIAL_TOKENS, VISION_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +167,21 @@ def test_vl_model_and_processor_load_and_expand_images(vl_dir):
     with torch.no_grad():
         logits = model(**inputs).logits
     assert logits.shape == (1, inputs["input_ids"].shape[1], model.config.text_config.vocab_size)
+
+
+def test_every_grid_cell_is_its_own_token(tokenizer):
+    """Envs' symbol grids tokenise cell by cell (what a tiny policy needs to see positions), while
+    ordinary words still merge."""
+    import envs
+
+    rng = np.random.default_rng(0)
+    grids = ["P_OG\nX√__\n", "#_S√\nPX__\n#O##"]
+    for name in ("frozenlake", "sokoban"):
+        env = envs.make(name, **envs.registry.load_config(name))
+        grids += [env.reset(seed=int(s)).text for s in rng.integers(0, 10**6, 3)]
+    for text in grids:
+        for line in text.splitlines():
+            if line and set(line) <= set(GRID_SYMBOLS):
+                pieces = [tokenizer.decode([i]) for i in tokenizer.encode(line + "\n")]
+                assert pieces == [*line, "\n"], (line, pieces)
+    assert len(tokenizer.encode(" the player is below the goal")) == 6
