@@ -28,6 +28,7 @@ from envs.protocol import IMAGE_PLACEHOLDER, Observation, StepResult
 from envs.relations import describe
 
 RENDERS = ("text", "image")
+PROMPTS = ("full", "brief")
 DEFAULT_REASONING_REWARD: Mapping[str, Any] = MappingProxyType({"judge": "rule"})
 
 
@@ -83,7 +84,11 @@ class GridEnv:
     "image": one RGB picture of ``image_size`` pixels a side), ``max_turns``,
     ``max_actions_per_turn`` (more are dropped by the parser), ``action_sep``, ``format_reward``
     (per correct turn), ``reasoning_reward`` (envs.judge.make_reasoning_reward's config; None
-    disables it). ``action_example`` is the actions of the system prompt's example answer.
+    disables it), ``prompt`` ("full": the format's whole instructions and an example answer in the
+    system prompt, the answer template again every turn; "brief": the rules, the legend, the
+    actions and the answer template once, for small models trained on demonstrations, whose
+    sequences it makes about half as long). ``action_example`` is the actions of the system
+    prompt's example answer.
     """
 
     def __init__(
@@ -99,15 +104,18 @@ class GridEnv:
         action_sep: str = ",",
         format_reward: float = 0.5,
         reasoning_reward: Mapping[str, Any] | None = DEFAULT_REASONING_REWARD,
+        prompt: str = "full",
     ) -> None:
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; expected one of {FORMATS}")
         if render not in RENDERS:
             raise ValueError(f"unknown render {render!r}; expected one of {RENDERS}")
+        if prompt not in PROMPTS:
+            raise ValueError(f"unknown prompt {prompt!r}; expected one of {PROMPTS}")
         if not isinstance(action_sep, str) or not action_sep.strip():
             raise ValueError(f"action_sep must be a non-blank string, got {action_sep!r}")
         self.game = game
-        self.format, self.render, self.action_sep = format, render, action_sep
+        self.format, self.render, self.action_sep, self.prompt = format, render, action_sep, prompt
         self.image_size = check_int("image_size", image_size, 4 * max(game.shape))
         self.max_turns = check_int("max_turns", max_turns, 1)
         self.max_actions = check_int("max_actions_per_turn", max_actions_per_turn, 1)
@@ -124,13 +132,15 @@ class GridEnv:
 
     def system_prompt(self) -> str:
         legend = self.game.text_legend if self.render == "text" else self.game.image_legend
+        answer = (f"Answer as {self._template}" if self.prompt == "brief" else
+                  format_prompt(self.format, action_example=self._example,
+                                action_sep=self.action_sep, max_actions=self.max_actions))
         return "\n\n".join([
             self.game.task,
             legend,
             f"Actions: {', '.join(self.action_space)}. You have {self.max_turns} turns; in each "
             f"turn give 1 to {self.max_actions} actions, executed in order.",
-            format_prompt(self.format, action_example=self._example, action_sep=self.action_sep,
-                          max_actions=self.max_actions),
+            answer,
         ])  # fmt: skip
 
     def reset(self, seed: int) -> Observation:
@@ -206,7 +216,7 @@ class GridEnv:
         else:
             state = IMAGE_PLACEHOLDER
             images = [render_rgb(self.game.shape, self.game.layers(), self.image_size)]
-        reminder = (
+        reminder = "" if self.prompt == "brief" else (
             f"Reply exactly as {self._template} with 1 to {self.max_actions} actions from "
             f"{', '.join(self.action_space)}, separated by {self.action_sep!r}."
         )

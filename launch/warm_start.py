@@ -223,6 +223,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, type=Path, help="where the fine-tuned model goes")
     p.add_argument("--env", default="frozenlake", help="env name (configs/env/<name>.yaml)")
     p.add_argument("--format", help="answer format (default: the env config's)")
+    p.add_argument("--prompt", choices=("full", "brief"), help="prompt (default: the env config's)")
     p.add_argument("--seeds", type=int, default=2000, help="demonstration episodes")
     p.add_argument("--seed-offset", type=int, default=0, help="first demonstration seed")
     p.add_argument("--noise", type=float, default=0.4, help="share of random actions")
@@ -242,7 +243,8 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     from envs.registry import load_config
 
-    env_config = load_config(args.env) | ({"format": args.format} if args.format else {})
+    overrides = {"format": args.format, "prompt": args.prompt}
+    env_config = load_config(args.env) | {k: v for k, v in overrides.items() if v}
     eval_seeds = range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_seeds)
     out = warm_start(args.model, args.out, env_name=args.env, env_config=env_config,
                      n_seeds=args.seeds, seed_offset=args.seed_offset, action_noise=args.noise,

@@ -229,11 +229,29 @@ def test_observations_render_the_state_and_remind_the_format(name):
 
 
 @pytest.mark.parametrize("name", ENVS)
+def test_brief_prompt_keeps_rules_legend_and_template_once_and_plays_the_same(name):
+    full, brief = make(name), make(name, prompt="brief")
+    template = "<think><observation>...</observation><reasoning>...</reasoning>" \
+               "<prediction>...</prediction></think><answer>...</answer>"
+    assert brief.system_prompt().endswith(f"Answer as {template}")
+    for part in (brief.game.task, brief.game.text_legend, "Actions: "):
+        assert part in brief.system_prompt() and part in full.system_prompt()
+    assert len(brief.system_prompt()) < len(full.system_prompt()) / 2
+    obs_full, obs_brief = full.reset(3), brief.reset(3)
+    assert template in obs_full.text and "Reply" not in obs_brief.text
+    assert obs_full.text.startswith(obs_brief.text)
+    text = answer(full.solve())
+    a, b = full.step(text), brief.step(text)
+    assert (a.reward, a.done, a.info["success"]) == (b.reward, b.done, b.info["success"])
+
+
+@pytest.mark.parametrize("name", ENVS)
 @pytest.mark.parametrize(
     "config, error",
     [
         ({"format": "xml"}, ValueError),
         ({"render": "video"}, ValueError),
+        ({"prompt": "short"}, ValueError),
         ({"image_size": 8}, ValueError),
         ({"max_turns": 0}, ValueError),
         ({"max_actions_per_turn": True}, ValueError),
