@@ -1,4 +1,5 @@
-"""The learner's models and train step: FSDP2 policy, critic and reference model, one RL update.
+"""The learner's train step: FSDP2 policy, critic and reference model, one RL update (the
+configuration is learner/config.py, the models learner/models.py).
 
 Called by ``learner/worker.py`` (one ``LearnerWorker`` per rank). Every public method is
 collective over the default process group, which the caller has initialised (gloo on CPU, nccl
@@ -21,18 +22,18 @@ Invariants:
 - dropout stays off (eval mode): before the first optimizer step, pi == pi_prox exactly;
 - advantages are whitened over the policy tokens of the whole batch (sums all-reduced);
   returns = advantages + values, taken before whitening;
-- metrics are identical on every rank: weighted means all-reduced over tokens (or steps).
+- metrics are identical on every rank: weighted means all-reduced over tokens (or steps); so is
+  the entropy coefficient, which ``entropy_target`` adapts from the step's all-reduced entropy
+  and checkpoints keep.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -48,109 +49,11 @@ from torch.distributed.tensor import DTensor
 
 from learner import advantages, losses
 from learner.batch import Batch, collate, kl_penalty
+from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
+from learner.models import ValueModel, load_model, token_logprobs
 from transport.schema import Trajectory
 
-ESTIMATORS = {"masked_gae": advantages.masked_gae, "bi_level_gae": advantages.bi_level_gae,
-              "turn_wise_gae": advantages.turn_wise_gae, "grpo": advantages.grpo}
-POLICY_LOSSES = {"ppo": losses.ppo_policy_loss, "decoupled_ppo": losses.decoupled_ppo_loss,
-                 "tis": losses.tis_policy_loss}
-PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".pt")
-
-
-@dataclass
-class TrainerConfig:
-    """What the learner trains and how; ``launch/controller.py`` builds it from the model,
-    algorithm and learner groups. Algorithm keys mean what configs/algorithm/*.yaml says."""
-
-    model_path: str
-    """Hugging Face directory of the policy (and of the frozen reference policy)."""
-    critic_path: str | None = None
-    """Where the critic's backbone starts; None: from model_path."""
-    lr: float = 1e-6
-    """Policy AdamW learning rate."""
-    critic_lr: float = 1e-5
-    weight_decay: float = 0.0
-    adam_eps: float = 1e-8
-    """AdamW epsilon (policy and critic)."""
-    grad_clip: float = 1.0
-    """Max global grad norm, policy and critic separately; 0: no clipping."""
-    epochs: int = 1
-    """Passes over the batch per train_step."""
-    num_minibatches: int = 1
-    """Optimizer steps per epoch."""
-    micro_batch_size: int = 0
-    """Rows per forward/backward on each rank (gradients accumulate); 0: a whole mini-batch."""
-    temperature: float = 1.0
-    """The actors' sampling temperature: log-probs are log_softmax(logits / temperature)."""
-    param_dtype: str = "float32"
-    """Compute dtype (FSDP mixed precision; weights, gradients and optimizer stay float32)."""
-    seed: int = 0
-    """Seeds the value head's initialisation (the same on every rank)."""
-    estimator: str = "bi_level_gae"
-    """masked_gae | bi_level_gae | turn_wise_gae | grpo (no critic)."""
-    estimator_args: dict = field(default_factory=dict)
-    vtrace: bool = False
-    """Pass log_rho = log pi_prox - log pi_behaviour to a GAE estimator (ignored by grpo)."""
-    multi_turn_reward: bool = True
-    whiten_advantages: bool = True
-    loss: str = "ppo"
-    """ppo (ratio vs pi_prox) | decoupled_ppo (pi_prox and pi_behaviour) | tis (pi_behaviour)."""
-    loss_args: dict = field(default_factory=dict)
-    """Keyword arguments of the policy loss; its ``agg`` also aggregates the other terms."""
-    value_clip: float | None = 0.5
-    value_coef: float = 1.0
-    entropy_coef: float = 0.0
-    kl_in_reward: dict | None = None
-    """{kind: k1, coef: c}: reward -= c * (log pi_behaviour - log pi_ref) on policy tokens."""
-    kl_loss: dict | None = None
-    """{kind: k1 | k3 | mse, coef: c}: c * KL(pi || pi_ref) added to the policy loss."""
-
-    def __post_init__(self) -> None:
-        _one_of("estimator", self.estimator, ESTIMATORS)
-        _one_of("loss", self.loss, POLICY_LOSSES)
-        _one_of("param_dtype", self.param_dtype, PARAM_DTYPES)
-        _check_kwargs("estimator_args", ESTIMATORS[self.estimator], self.estimator_args)
-        _check_kwargs("loss_args", POLICY_LOSSES[self.loss], self.loss_args)
-        if min(self.epochs, self.num_minibatches) < 1 or self.micro_batch_size < 0:
-            raise ValueError("epochs and num_minibatches must be >= 1, micro_batch_size >= 0")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        for name, kinds in (("kl_in_reward", ("k1",)), ("kl_loss", losses.KL_KINDS)):
-            kl = getattr(self, name)
-            if kl is not None and (set(kl) != {"kind", "coef"} or kl["kind"] not in kinds):
-                raise ValueError(f"{name} must be {{kind: one of {kinds}, coef: float}}, got {kl}")
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "TrainerConfig":
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown TrainerConfig keys: {unknown}")
-        return cls(**d)
-
-    @property
-    def agg(self) -> str:
-        return self.loss_args.get("agg", "token-mean")
-
-
-class ValueModel(nn.Module):
-    """The critic: a transformer backbone and a scalar linear head (sharded with the root)."""
-
-    def __init__(self, backbone: nn.Module, *, seed: int) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self._no_split_modules = backbone._no_split_modules
-        hidden = backbone.config.hidden_size
-        self.head = nn.Linear(hidden, 1)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            nn.init.normal_(self.head.weight, std=1.0 / (hidden + 1))
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Shape: (B, L) -> (B, L) float32; values[:, i] is V(prefix before token i), 0 at i = 0."""
-        hidden = self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
-        return F.pad(self.head(hidden).squeeze(-1).float()[:, :-1], (1, 0))
 
 
 @dataclass
@@ -192,15 +95,17 @@ class Trainer:
         self.hf_config = AutoConfig.from_pretrained(cfg.model_path)
         pad = getattr(self.hf_config, "pad_token_id", None)
         self.pad_id = 0 if pad is None else int(pad)
-        self.policy = self._shard(_load(AutoModelForCausalLM, cfg.model_path))
+        self.policy = self._shard(load_model(AutoModelForCausalLM, cfg.model_path))
         self.optim = self._adamw(self.policy, cfg.lr)
+        self.entropy_coef = cfg.entropy_coef  # adapted after each step when entropy_target is set
+        self.steps_done = 0  # train steps, for critic_warmup (checkpointed)
         self.critic = self.critic_optim = self.ref = None
         if cfg.estimator != "grpo":
-            backbone = _load(AutoModel, cfg.critic_path or cfg.model_path)
+            backbone = load_model(AutoModel, cfg.critic_path or cfg.model_path)
             self.critic = self._shard(ValueModel(backbone, seed=cfg.seed).eval())
             self.critic_optim = self._adamw(self.critic, cfg.critic_lr)
         if cfg.kl_in_reward or cfg.kl_loss:
-            self.ref = self._shard(_load(AutoModelForCausalLM, cfg.model_path).requires_grad_(False))
+            self.ref = self._shard(load_model(AutoModelForCausalLM, cfg.model_path).requires_grad_(False))
 
     def _shard(self, model: nn.Module) -> nn.Module:
         """fully_shard each decoder layer (HF ``_no_split_modules``), then the root."""
@@ -232,11 +137,17 @@ class Trainer:
         rows = _take_rows(batch, lengths, index, self.pad_id, self.device)
         metrics = _Metrics()
         rows = self._prepare(rows, batch, index, metrics)
+        t1 = time.perf_counter()
         self._update(rows, metrics)
+        self.steps_done += 1
         out = metrics.reduce(self.device) | _batch_metrics(batch, lengths, version)
-        step_s = torch.tensor(time.perf_counter() - t0, device=self.device)
-        dist.all_reduce(step_s, op=dist.ReduceOp.MAX)
-        return out | {"timing/step_s": float(step_s)}
+        out["policy/entropy_coef"] = self.entropy_coef
+        if self.cfg.entropy_target is not None and "policy/entropy" in out:  # same on every rank
+            step = self.cfg.entropy_adapt_rate * (self.cfg.entropy_target - out["policy/entropy"])
+            self.entropy_coef = min(max(self.entropy_coef + step, 0.0), 1.0)
+        times = torch.tensor([t1 - t0, time.perf_counter() - t0], device=self.device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank's, the same on every rank
+        return out | {"timing/prepare_s": float(times[0]), "timing/step_s": float(times[1])}
 
     def _my_rows(self, n: int) -> torch.Tensor:
         """Global row indices of this rank, -1 for dummy rows; the same count on every rank."""
@@ -249,7 +160,7 @@ class Trainer:
         """log pi(token i | tokens < i) at the sampling temperature, 0 at i = 0. Shape: (B, L).
 
         Collective: every rank calls it (FSDP gathers the weights)."""
-        return _logprobs(self.policy, token_ids.to(self.device), self.cfg.temperature)[0]
+        return token_logprobs(self.policy, token_ids.to(self.device), self.cfg.temperature)[0]
 
     @torch.no_grad()
     def _prepare(self, rows: _Rows, batch: Batch, index: torch.Tensor, metrics) -> _Rows:
@@ -259,13 +170,17 @@ class Trainer:
         for part in self._chunks(shape[0]):
             ids = rows.select(part).batch.token_ids
             n, temperature = ids.shape[1], self.cfg.temperature
-            logp_prox[part, :n] = _logprobs(self.policy, ids, temperature)[0]
+            logp_prox[part, :n] = token_logprobs(self.policy, ids, temperature)[0]
             if self.critic is not None:
                 values[part, :n] = self.critic(ids)
             if self.ref is not None:
-                logp_ref[part, :n] = _logprobs(self.ref, ids, temperature)[0]
+                logp_ref[part, :n] = token_logprobs(self.ref, ids, temperature)[0]
         rows = replace(rows, logp_prox=logp_prox, values=values, logp_ref=logp_ref)
         mask = rows.batch.loss_mask
+        # How far the actors' sampling distribution is from the learner's (staleness, numerics):
+        # the k1 estimate of KL(behaviour || proximal) on the sampled policy tokens.
+        drift = torch.where(mask, rows.batch.behaviour_logprobs - logp_prox, 0.0)
+        metrics.add("policy/behaviour_kl", float(drift.sum()) / max(int(mask.sum()), 1), float(mask.sum()))
         rewards = rows.batch.token_rewards
         if self.cfg.kl_in_reward:
             rewards = kl_penalty(rows.batch, logp_ref, self.cfg.kl_in_reward["coef"])
@@ -315,6 +230,7 @@ class Trainer:
         totals = torch.tensor([_units(rows.select(mb).batch.loss_mask, self.cfg.agg)
                                for mb in minibatches], dtype=torch.float64, device=self.device)
         dist.all_reduce(totals)
+        train_policy = self.critic is None or self.steps_done >= self.cfg.critic_warmup
         for _ in range(self.cfg.epochs):
             for mb, total in zip(minibatches, totals.tolist()):
                 if total == 0:  # no policy token on any rank: no step (momentum would move weights)
@@ -323,18 +239,20 @@ class Trainer:
                     micro = rows.select(part)
                     units = _units(micro.batch.loss_mask, self.cfg.agg)
                     scale = self.world * units / total
-                    self._policy_backward(micro, scale, units, metrics)
+                    if train_policy:
+                        self._policy_backward(micro, scale, units, metrics)
                     if self.critic is not None:
                         self._critic_backward(micro, scale, units, metrics)
-                metrics.add("optim/grad_norm", self._step(self.policy, self.optim))
+                if train_policy:
+                    metrics.add("optim/grad_norm", self._step(self.policy, self.optim))
                 if self.critic is not None:
                     metrics.add("optim/critic_grad_norm", self._step(self.critic, self.critic_optim))
 
     def _policy_backward(self, rows: _Rows, scale: float, units: int, metrics) -> None:
         cfg, b = self.cfg, rows.batch
         mask = b.loss_mask
-        logp, entropy = _logprobs(self.policy, b.token_ids, cfg.temperature, entropy=True,
-                                  entropy_grad=cfg.entropy_coef != 0)
+        logp, entropy = token_logprobs(self.policy, b.token_ids, cfg.temperature, entropy=True,
+                                  entropy_grad=self.entropy_coef != 0)
         if cfg.loss == "ppo":
             loss, stats = losses.ppo_policy_loss(logp, rows.logp_prox, rows.advantages, mask, **cfg.loss_args)
         elif cfg.loss == "decoupled_ppo":
@@ -347,7 +265,7 @@ class Trainer:
             d = (rows.logp_prox - logp).detach()
             stats["approx_kl"] = float(losses.aggregate(losses.kl_divergence(d, torch.zeros_like(d)), mask))
         ent_loss, ent_stats = losses.entropy_loss(entropy, mask, agg=cfg.agg)
-        total = loss + cfg.entropy_coef * ent_loss
+        total = loss + self.entropy_coef * ent_loss
         if cfg.kl_loss:
             kl, kl_stats = losses.kl_loss(logp, rows.logp_ref, mask, kind=cfg.kl_loss["kind"], agg=cfg.agg)
             total = total + cfg.kl_loss["coef"] * kl
@@ -406,7 +324,8 @@ class Trainer:
         path = Path(path)
         dcp.save(self._checkpoint_state(), checkpoint_id=str(path / "dcp"))
         if self.rank == 0:
-            torch.save(dict(extra), path / "extra.pt")
+            torch.save(dict(extra, _trainer={"entropy_coef": self.entropy_coef,
+                                               "steps_done": self.steps_done}), path / "extra.pt")
         dist.barrier()  # extra.pt exists on return, on every rank
 
     def load_checkpoint(self, path: str | Path) -> dict:
@@ -417,7 +336,10 @@ class Trainer:
         for name, model, optim in self._trainables():
             set_state_dict(model, optim, model_state_dict=state[name],
                            optim_state_dict=state[f"{name}_optim"])
-        return torch.load(path / "extra.pt", weights_only=False)  # our own file
+        extra = torch.load(path / "extra.pt", weights_only=False)  # our own file
+        own = extra.pop("_trainer")
+        self.entropy_coef, self.steps_done = own["entropy_coef"], own["steps_done"]
+        return extra
 
     def save_hf(self, path: str | Path) -> None:
         """Rank 0 writes the policy as a Hugging Face directory (weights, config, and the
@@ -438,23 +360,6 @@ class Trainer:
 
 
 # --- helpers --------------------------------------------------------------------------------
-
-
-def _load(auto_cls, path: str) -> nn.Module:
-    """A Hugging Face model in float32 (the master weights), dropout off."""
-    return auto_cls.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def _logprobs(model, ids, temperature, *, entropy=False, entropy_grad=False):
-    """(log-prob of each token, entropy of the distribution it was drawn from), each (B, L) with
-    0 at position 0: position i - 1's logits / temperature predict token i."""
-    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    ent = None
-    if entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = F.pad(losses.entropy_from_logits(logits), (1, 0))
-    return F.pad(logp, (1, 0)), ent
 
 
 def _take_rows(batch: Batch, lengths: torch.Tensor, index: torch.Tensor, pad_id: int, device) -> _Rows:
@@ -526,16 +431,3 @@ class _Metrics:
         dist.all_reduce(t)
         s, w = t.tolist()[:len(keys)], t.tolist()[len(keys):]
         return {k: s[i] / w[i] if w[i] > 0 else math.nan for i, k in enumerate(keys)} | self.exact
-
-
-def _one_of(name: str, value: str, options) -> None:
-    if value not in options:
-        raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
-
-
-def _check_kwargs(name: str, fn, args: Mapping) -> None:
-    params = inspect.signature(fn).parameters
-    allowed = {p.name for p in params.values() if p.kind is p.KEYWORD_ONLY} - {"log_rho"}
-    unknown = sorted(set(args) - allowed)
-    if unknown:
-        raise ValueError(f"{name}: {unknown} are not arguments of {fn.__name__} ({sorted(allowed)})")

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from learner.trainer import Trainer, TrainerConfig
+from learner.config import TrainerConfig
+from learner.trainer import Trainer
 from transport.buffer import TrajectoryBuffer
 from transport.schema import Trajectory
 from transport.stream import TrajectoryReceiver
@@ -108,8 +109,9 @@ class Inbox:
 
 class LearnerWorker:
     """One learner rank; see the module docstring. ``config`` holds ``trainer`` (TrainerConfig
-    keys) and the rank-0 settings ``max_staleness``, ``on_stale``, ``window_bytes``,
-    ``weight_timeout_s``, ``batch_timeout_s``."""
+    keys), ``threads`` (torch threads of the rank; unset: Ray's, one per CPU it reserved) and the
+    rank-0 settings ``max_staleness``, ``on_stale``, ``window_bytes``, ``weight_timeout_s``,
+    ``batch_timeout_s``."""
 
     def __init__(self, rank: int, world_size: int, config: Mapping[str, Any]) -> None:
         self.rank, self.world_size = rank, world_size
@@ -133,6 +135,8 @@ class LearnerWorker:
         dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
                                 rank=self.rank, world_size=self.world_size, timeout=timeout)
         self._objects = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+        if self.config.get("threads"):
+            torch.set_num_threads(int(self.config["threads"]))
         self.trainer = Trainer(TrainerConfig.from_dict(self.config["trainer"]), device=device)
         out: dict[str, Any] = {"rank": self.rank}
         if self.rank == 0:

@@ -19,7 +19,8 @@ import torch.distributed as dist
 import yaml
 
 from launch.tiny_model import build_tiny_model
-from learner.trainer import Trainer, TrainerConfig
+from learner.config import TrainerConfig
+from learner.trainer import Trainer
 from transport.schema import Trajectory
 
 ALGORITHMS = Path(__file__).resolve().parents[3] / "configs" / "algorithm"
@@ -131,6 +132,7 @@ def test_proximal_logprobs_match_hf_on_policy_tokens(model_path, hf_model):
     # weights of exactly 1, and before the first optimizer step pi == pi_prox.
     metrics = trainer.train_step(trajectories, version=0)
     assert metrics["policy/behav_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["policy/behaviour_kl"] == pytest.approx(0.0, abs=1e-5)
     assert metrics["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["policy/approx_kl"] == pytest.approx(0.0, abs=1e-9)
 
@@ -154,7 +156,7 @@ def test_train_steps_raise_the_rewarded_tokens_probability(model_path, hf_model,
     assert gain[mask & ~rewarded].mean() < gain[rewarded].mean() - 0.5
 
     expected = {"loss/policy", "loss/entropy", "loss/kl", "policy/entropy", "policy/approx_kl", "policy/staleness_mean", "policy/staleness_max",
-                "optim/grad_norm", "rollout/score_mean", "rollout/tokens", "timing/step_s",
+                "optim/grad_norm", "rollout/score_mean", "rollout/tokens", "timing/step_s", "timing/prepare_s", "policy/behaviour_kl",
                 "ref/kl_in_reward"}
     if loss != "tis":
         expected.add("policy/clip_frac")
@@ -219,27 +221,60 @@ def test_save_hf_writes_a_loadable_directory(model_path, hf_model, tmp_path):
         AutoTokenizer.from_pretrained(model_path).encode("hello")
 
 
+@pytest.mark.parametrize("target, start", [(10.0, 0.001), (0.0, 0.001), (0.0, 0.0)])
+def test_entropy_coefficient_moves_toward_the_target(model_path, hf_model, target, start):
+    trainer = Trainer(_config(model_path, "grpo", lr=1e-3, kl_in_reward=None, entropy_coef=start,
+                              entropy_target=target, entropy_adapt_rate=0.01))
+    coefs = [start]
+    for version in range(2):
+        metrics = trainer.train_step(_batch(hf_model, 4, seed=version), version=version)
+        assert metrics["policy/entropy_coef"] == coefs[-1]  # the coefficient this step used
+        want = coefs[-1] + 0.01 * (target - metrics["policy/entropy"])
+        coefs.append(min(max(want, 0.0), 1.0))
+        assert trainer.entropy_coef == pytest.approx(coefs[-1], rel=1e-12)
+    assert (coefs[-1] > start) if target > 0 else (coefs[-1] == 0.0)
+
+
+def test_critic_warmup_trains_only_the_critic_for_its_steps(model_path, hf_model):
+    trainer = Trainer(_config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3, critic_warmup=1))
+    policy0, critic0 = _weights(trainer), _critic_weights(trainer)
+    metrics = trainer.train_step(_batch(hf_model, 4), version=0)
+    assert "optim/grad_norm" not in metrics and "optim/critic_grad_norm" in metrics
+    assert all(torch.equal(v, policy0[k]) for k, v in _weights(trainer).items())
+    assert any(not torch.equal(v, critic0[k]) for k, v in _critic_weights(trainer).items())
+    metrics = trainer.train_step(_batch(hf_model, 4, seed=1), version=1)
+    assert "optim/grad_norm" in metrics and trainer.steps_done == 2
+    assert any(not torch.equal(v, policy0[k]) for k, v in _weights(trainer).items())
+
+
+def _critic_weights(trainer) -> dict[str, torch.Tensor]:
+    return {k: v.full_tensor().clone() for k, v in trainer.critic.state_dict().items()}
+
+
 # --- 4. checkpoints --------------------------------------------------------------------------
 
 
 def test_checkpoint_round_trip_continues_identically(model_path, hf_model, tmp_path):
     first, second = _batch(hf_model, 4, seed=1), _batch(hf_model, 4, seed=2)
-    cfg = _config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3)
+    cfg = _config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3, entropy_target=10.0)  # > log(vocab)
     trainer = Trainer(cfg)
     trainer.train_step(first, version=0)
+    assert trainer.entropy_coef > cfg.entropy_coef  # adapted, so the checkpoint must carry it
     saved = _weights(trainer)
     rng = torch.get_rng_state()
     trainer.save_checkpoint(tmp_path / "ckpt", {"step": 1, "rng": rng})
+    got_coef = trainer.entropy_coef
     want = trainer.train_step(second, version=1)
     want_weights = _weights(trainer)
 
     resumed = Trainer(cfg)
     extra = resumed.load_checkpoint(tmp_path / "ckpt")
-    assert extra["step"] == 1 and torch.equal(extra["rng"], rng)
+    assert extra.keys() == {"step", "rng"} and torch.equal(extra["rng"], rng)
+    assert extra["step"] == 1 and resumed.entropy_coef == got_coef
     assert all(torch.equal(v, saved[k]) for k, v in _weights(resumed).items())
     got = resumed.train_step(second, version=1)
-    assert {k: v for k, v in got.items() if k != "timing/step_s"} == pytest.approx(
-        {k: v for k, v in want.items() if k != "timing/step_s"}, rel=1e-6, abs=1e-7)
+    assert {k: v for k, v in got.items() if not k.startswith("timing/")} == pytest.approx(
+        {k: v for k, v in want.items() if not k.startswith("timing/")}, rel=1e-6, abs=1e-7)
     for k, v in _weights(resumed).items():
         torch.testing.assert_close(v, want_weights[k], atol=1e-6, rtol=0)
     for optim in (resumed.optim, resumed.critic_optim):
@@ -308,7 +343,8 @@ def test_two_ranks_train_like_one(model_path, hf_model, tmp_path):
         assert state1 == {} and set(state0) == set(want)
         for k, v in state0.items():
             torch.testing.assert_close(v, want[k], atol=1e-5, rtol=0, msg=f"{overrides}: {k}")
-        del metrics0["timing/step_s"], metrics1["timing/step_s"], want_metrics["timing/step_s"]
+        for m in (metrics0, metrics1, want_metrics):
+            del m["timing/step_s"], m["timing/prepare_s"]
         assert metrics0 == metrics1
         # Clip fractions count tokens on either side of a threshold: one token sitting on it
         # may fall either way under summation noise.

@@ -1,0 +1,121 @@
+"""What the learner trains and how: ``TrainerConfig`` and the estimators and policy losses it
+names. Pure configuration; ``learner/trainer.py`` runs it, ``launch/controller.py`` builds it from
+the model, algorithm and learner config groups.
+
+Invariant: a ``TrainerConfig`` that constructs is valid: unknown keys, estimators, losses, dtypes
+and estimator/loss arguments raise ValueError naming the key, not a failure mid-training.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from learner import advantages, losses
+
+ESTIMATORS = {"masked_gae": advantages.masked_gae, "bi_level_gae": advantages.bi_level_gae,
+              "turn_wise_gae": advantages.turn_wise_gae, "grpo": advantages.grpo}
+POLICY_LOSSES = {"ppo": losses.ppo_policy_loss, "decoupled_ppo": losses.decoupled_ppo_loss,
+                 "tis": losses.tis_policy_loss}
+PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class TrainerConfig:
+    """What the learner trains and how; ``launch/controller.py`` builds it from the model,
+    algorithm and learner groups. Algorithm keys mean what configs/algorithm/*.yaml says."""
+
+    model_path: str
+    """Hugging Face directory of the policy (and of the frozen reference policy)."""
+    critic_path: str | None = None
+    """Where the critic's backbone starts; None: from model_path."""
+    lr: float = 1e-6
+    """Policy AdamW learning rate."""
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-8
+    """AdamW epsilon (policy and critic)."""
+    grad_clip: float = 1.0
+    """Max global grad norm, policy and critic separately; 0: no clipping."""
+    epochs: int = 1
+    """Passes over the batch per train_step."""
+    num_minibatches: int = 1
+    """Optimizer steps per epoch."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward on each rank (gradients accumulate); 0: a whole mini-batch."""
+    temperature: float = 1.0
+    """The actors' sampling temperature: log-probs are log_softmax(logits / temperature)."""
+    param_dtype: str = "float32"
+    """Compute dtype (FSDP mixed precision; weights, gradients and optimizer stay float32)."""
+    seed: int = 0
+    """Seeds the value head's initialisation (the same on every rank)."""
+    estimator: str = "bi_level_gae"
+    """masked_gae | bi_level_gae | turn_wise_gae | grpo (no critic)."""
+    estimator_args: dict = field(default_factory=dict)
+    vtrace: bool = False
+    """Pass log_rho = log pi_prox - log pi_behaviour to a GAE estimator (ignored by grpo)."""
+    multi_turn_reward: bool = True
+    whiten_advantages: bool = True
+    loss: str = "ppo"
+    """ppo (ratio vs pi_prox) | decoupled_ppo (pi_prox and pi_behaviour) | tis (pi_behaviour)."""
+    loss_args: dict = field(default_factory=dict)
+    """Keyword arguments of the policy loss; its ``agg`` also aggregates the other terms."""
+    critic_warmup: int = 0
+    """The first k train steps update only the critic (the policy keeps its weights): bi-level
+    and masked GAE read a freshly initialised value head's token-to-token noise as advantages."""
+    value_clip: float | None = 0.5
+    value_coef: float = 1.0
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (the starting value when entropy_target is set)."""
+    entropy_target: float | None = None
+    """Mean entropy per policy token to hold: after each step the coefficient moves by
+    entropy_adapt_rate * (target - entropy), kept in [0, 1]. None: a fixed coefficient."""
+    entropy_adapt_rate: float = 0.05
+    kl_in_reward: dict | None = None
+    """{kind: k1, coef: c}: reward -= c * (log pi_behaviour - log pi_ref) on policy tokens."""
+    kl_loss: dict | None = None
+    """{kind: k1 | k3 | mse, coef: c}: c * KL(pi || pi_ref) added to the policy loss."""
+
+    def __post_init__(self) -> None:
+        _one_of("estimator", self.estimator, ESTIMATORS)
+        _one_of("loss", self.loss, POLICY_LOSSES)
+        _one_of("param_dtype", self.param_dtype, PARAM_DTYPES)
+        _check_kwargs("estimator_args", ESTIMATORS[self.estimator], self.estimator_args)
+        _check_kwargs("loss_args", POLICY_LOSSES[self.loss], self.loss_args)
+        if min(self.epochs, self.num_minibatches) < 1 or self.micro_batch_size < 0:
+            raise ValueError("epochs and num_minibatches must be >= 1, micro_batch_size >= 0")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0.0 <= self.entropy_coef <= 1.0 or self.entropy_adapt_rate < 0:
+            raise ValueError("entropy_coef must be in [0, 1] and entropy_adapt_rate >= 0")
+        for name, kinds in (("kl_in_reward", ("k1",)), ("kl_loss", losses.KL_KINDS)):
+            kl = getattr(self, name)
+            if kl is not None and (set(kl) != {"kind", "coef"} or kl["kind"] not in kinds):
+                raise ValueError(f"{name} must be {{kind: one of {kinds}, coef: float}}, got {kl}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "TrainerConfig":
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown TrainerConfig keys: {unknown}")
+        return cls(**d)
+
+    @property
+    def agg(self) -> str:
+        return self.loss_args.get("agg", "token-mean")
+
+
+def _one_of(name: str, value: str, options) -> None:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
+
+
+def _check_kwargs(name: str, fn, args: Mapping) -> None:
+    params = inspect.signature(fn).parameters
+    allowed = {p.name for p in params.values() if p.kind is p.KEYWORD_ONLY} - {"log_rho"}
+    unknown = sorted(set(args) - allowed)
+    if unknown:
+        raise ValueError(f"{name}: {unknown} are not arguments of {fn.__name__} ({sorted(allowed)})")
