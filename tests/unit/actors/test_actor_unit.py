@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from actors import actor as actor_mod
-from actors.actor import GROUP_STRIDE, ActorConfig, InferenceActor, WeightUpdateError
+from actors.actor import GROUP_STRIDE, InferenceActor, WeightUpdateError
+from actors.config import ActorConfig
 from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
 from launch.tiny_tokenizer import build_tokenizer

@@ -43,7 +43,7 @@ def test_experiment_presets_carry_vagen_hyper_parameters(name):
 
 
 def test_trainer_config_takes_the_algorithm_and_learner_groups():
-    from learner.trainer import TrainerConfig
+    from learner.config import TrainerConfig
 
     cfg = _compose("algorithm=grpo", "learner.lr=0.5")
     tc = TrainerConfig.from_dict(trainer_config(cfg, "/m"))
@@ -52,7 +52,7 @@ def test_trainer_config_takes_the_algorithm_and_learner_groups():
 
 
 def test_actor_config_keys_are_the_actors():
-    from actors.actor import ActorConfig
+    from actors.config import ActorConfig
 
     cfg = _compose("actors.num=3", "env=sokoban")
     ac = ActorConfig.from_dict(actor_config(cfg, 2, "/m", "tcp://127.0.0.1:1"))

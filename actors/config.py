@@ -1,0 +1,85 @@
+"""What an inference actor runs: ``ActorConfig``, built by launch/controller.py from the model,
+env and actors config groups, and read by actors/actor.py.
+
+Invariant: a config that constructs is usable: unknown keys, empty pools, more episodes in flight
+than env slots, and sampling that training cannot learn from raise ValueError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class ActorConfig:
+    """One inference actor: its engine, its envs, its sampling and where its episodes go."""
+
+    model_path: str
+    """Hugging Face model directory the engine starts from (weights and tokenizer)."""
+    actor_id: int = 0
+    run_id: str = ""
+    dtype: str = "float32"
+    env_name: str = "frozenlake"
+    """A registry name (configs/env/<name>.yaml supplies defaults) or an importable "module:callable"."""
+    env_config: dict[str, Any] = field(default_factory=dict)
+    """Overrides on the env's YAML defaults (keyword arguments of its make_env)."""
+    env_workers: int = 1
+    """Env worker processes of the in-process pool."""
+    envs_per_worker: int = 4
+    """Env slots = env_workers * envs_per_worker: the most episodes in flight."""
+    env_address: str | None = None
+    """tcp://host:port of an env service (python -m envs.main) instead of an in-process pool."""
+    env_slot_offset: int = 0
+    """First slot this actor owns on a shared env service (remote envs only)."""
+    concurrency: int = 4
+    """Training episodes in flight; at most the number of env slots."""
+    group_size: int = 1
+    """Episodes per seed (a GRPO group)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 96
+    """Tokens per answer (per turn)."""
+    max_turns: int = 3
+    max_context: int = 2048
+    """The engine's max_model_len: an episode ends when its context would not fit."""
+    kv_cache_bytes: int = 256 << 20
+    """Always explicit: on CPU vLLM would otherwise reserve most of the host's memory."""
+    seed: int = 0
+    """Seeds the engine's sampler and, with actor_id, the stream of episode seeds."""
+    train_seeds: tuple[int, int] = (0, 1_000_000)
+    """Episode seeds are drawn from [low, high)."""
+    learner_address: str | None = None
+    """The learner's trajectory stream (transport/stream.py); None: trajectories are not sent."""
+    initial_version: int = 0
+    """The weight version of ``model_path``."""
+
+    def __post_init__(self) -> None:
+        self.train_seeds = tuple(self.train_seeds)
+        slots = self.env_workers * self.envs_per_worker
+        if not self.model_path:
+            raise ValueError("model_path is required")
+        if min(self.env_workers, self.envs_per_worker, self.concurrency, self.group_size,
+               self.max_tokens, self.max_turns) < 1:
+            raise ValueError("env_workers, envs_per_worker, concurrency, group_size, max_tokens "
+                             "and max_turns must be >= 1")
+        if self.concurrency > slots:
+            raise ValueError(f"concurrency {self.concurrency} exceeds the {slots} env slots")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ValueError("training needs temperature > 0 and top_p in (0, 1]")
+        if self.env_slot_offset and not self.env_address:
+            raise ValueError("env_slot_offset is for a shared env service (env_address)")
+        if len(self.train_seeds) != 2 or not 0 <= self.train_seeds[0] < self.train_seeds[1]:
+            raise ValueError(f"train_seeds must be [low, high) with 0 <= low < high, got {self.train_seeds}")
+
+    @property
+    def num_slots(self) -> int:
+        return self.env_workers * self.envs_per_worker
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ActorConfig":
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown actor config keys {sorted(unknown)}")
+        return cls(**d)
