@@ -109,6 +109,7 @@ def trainer_config(cfg, model_path: str) -> dict[str, Any]:
         "model_path": model_path, "critic_path": cfg.model.critic_path,
         "lr": lr.lr, "critic_lr": lr.critic_lr, "grad_clip": lr.grad_clip, "epochs": lr.epochs,
         "num_minibatches": lr.num_minibatches, "param_dtype": lr.param_dtype,
+        "critic_warmup": lr.critic_warmup,
         "temperature": cfg.actors.temperature, "seed": cfg.seed, "vtrace": lr.vtrace, **algo,
     }
 
@@ -151,16 +152,26 @@ def prepare_model(cfg, run_dir: Path) -> str:
     import ray
     from omegaconf import OmegaConf
 
-    from launch.warm_start import warm_start
-
     ws = cfg.warm_start
-    # max_calls=1: the worker process exits after the task and gives its memory back
-    task = ray.remote(num_cpus=cfg.learner.cpus, num_gpus=cfg.learner.gpus, max_calls=1)(warm_start)
+    # Nothing else runs yet: on CPU the task takes a whole node. max_calls=1: the worker process
+    # exits after the task and gives its memory back.
+    cpus = cfg.learner.cpus if cfg.learner.gpus else max(
+        n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"])
+    task = ray.remote(num_cpus=cpus, num_gpus=cfg.learner.gpus, max_calls=1)(_warm_start_task)
     return str(ray.get(task.remote(
-        str(path), str(out), env_name=cfg.env_name,
+        max(1, int(cpus)), str(path), str(out), env_name=cfg.env_name,
         env_config=OmegaConf.to_container(cfg.env, resolve=True), n_seeds=ws.seeds, seed_offset=0,
         action_noise=ws.action_noise, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
         seed=cfg.seed)))
+
+
+def _warm_start_task(threads: int, *args, **kwargs) -> Path:
+    import torch
+
+    from launch.warm_start import warm_start
+
+    torch.set_num_threads(threads)
+    return warm_start(*args, **kwargs)
 
 
 def start(cfg, model_path: str) -> tuple[Processes, dict[str, Any]]:
@@ -174,7 +185,7 @@ def start(cfg, model_path: str) -> tuple[Processes, dict[str, Any]]:
     procs = Processes()
     wcfg = {"trainer": trainer_config(cfg, model_path), "max_staleness": cfg.learner.max_staleness,
             "on_stale": cfg.learner.on_stale, "window_bytes": cfg.transport.window_bytes,
-            "weight_timeout_s": cfg.transport.weight_timeout_s}
+            "weight_timeout_s": cfg.transport.weight_timeout_s, "threads": cfg.learner.get("threads")}
     learner_cls = ray.remote(LearnerWorker)
     for slot in placement.of("learner"):
         procs.learners.append(learner_cls.options(
