@@ -19,7 +19,7 @@ export HF_HUB_OFFLINE ?= 1
 export VLLM_NO_USAGE_STATS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install train test test-slow bench system clean
+.PHONY: install train test test-slow bench soak system clean
 
 install: $(STAMP)
 
@@ -51,6 +51,10 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_weights
 	$(BIN)/python -m tests.benchmarks.bench_env_pool
 	$(BIN)/python -m tests.benchmarks.bench_loop
+
+# An hour of the default job; fails if total memory grows by more than 5% after warm-up.
+soak: $(STAMP)
+	$(BIN)/python -m tests.benchmarks.soak $(ARGS)
 
 # Idempotent root-only setup; nothing is needed for the default CPU path yet.
 system:

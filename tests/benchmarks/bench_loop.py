@@ -28,12 +28,18 @@ from tests.benchmarks.report import report
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-def run(overrides: list[str]) -> dict:
+def compose_config(overrides: list[str]):
+    """configs/train.yaml with ``overrides``, as ``python -m launch.train`` would compose it."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)
         with open_dict(cfg):
             del cfg["hydra"]
+    return cfg
+
+
+def run(overrides: list[str]) -> dict:
+    cfg = compose_config(overrides)
     with tempfile.TemporaryDirectory() as d:
         summary = train(cfg, Path(d))
         rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from launch.memory import MemoryMonitor
 
 
@@ -25,3 +27,16 @@ def test_monitor_counts_a_child_that_allocates():
         monitor.close()
     assert report["memory/peak_total_gib"] * 2**30 >= base + (250 << 20)
     assert max(v for k, v in report.items() if k != "memory/peak_total_gib") >= 250 / 1024
+
+
+def test_soak_growth_compares_medians_after_warmup_and_at_the_end():
+    from tests.benchmarks.soak import growth
+
+    flat = [(t, 100.0) for t in range(0, 1500, 10)]
+    assert growth(flat, warmup_s=300)["growth"] == 0.0
+    ramp = [(t, 100.0 + (t >= 1200) * 10.0) for t in range(0, 1500, 10)]  # +10% in the last 5 min
+    assert growth(ramp, warmup_s=300)["growth"] == pytest.approx(0.10)
+    spike = [(t, 100.0 + (t == 700) * 1e6) for t in range(0, 1500, 10)]  # one outlier: medians
+    assert growth(spike, warmup_s=300)["growth"] == 0.0
+    with pytest.raises(ValueError, match="too short"):
+        growth([(t, 1.0) for t in range(0, 600, 10)], warmup_s=300)
