@@ -13,6 +13,7 @@ from torch import nn
 
 from learner import losses
 
+
 class ValueModel(nn.Module):
     """The critic: a transformer backbone and a scalar linear head (sharded with the root)."""
 
