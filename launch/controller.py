@@ -342,6 +342,7 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
                 metrics["throughput/tokens_per_s"] = metrics.get("rollout/tokens", 0.0) / wall
                 if monitor is not None:
                     metrics["memory/total_gib"] = monitor.sample() / 2**30
+                    metrics.update({f"memory/{k}_gib": v / 2**30 for k, v in monitor.current.items()})
                 record = logger.log("train", step, metrics)
                 if step % cfg.logger.print_every == 0:
                     logger.progress(record)

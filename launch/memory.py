@@ -5,7 +5,8 @@ total counts vLLM's and torch's shared libraries and Ray's shared-memory object 
 
 Called by the controller for local clusters: it watches the driver and every process in its
 Ray session (raylet, GCS, Ray workers and their children: vLLM engine cores and workers, env
-workers). Reports peaks per process kind and the peak of the total, for the memory budget.
+workers). Reports peaks per process kind and the peak of the total, for the memory budget, and
+each sample's total per kind, for finding what grows in a long run.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class MemoryMonitor:
         self.interval_s = interval_s
         self.peak_total = 0
         self.peak_by_pid: dict[int, tuple[str, int]] = {}
+        self.current: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-monitor", daemon=True)
         self._thread.start()
@@ -46,7 +48,8 @@ class MemoryMonitor:
         return list(procs.values())
 
     def sample(self) -> int:
-        total = 0
+        """The total PSS now, in bytes; also sets ``current`` (bytes now, summed per kind)."""
+        total, current = 0, defaultdict(int)
         for p in self._processes():
             try:
                 rss = p.memory_full_info().pss
@@ -54,9 +57,12 @@ class MemoryMonitor:
                 continue
             total += rss
             kind, peak = self.peak_by_pid.get(p.pid, (None, 0))
-            if rss > peak:
-                self.peak_by_pid[p.pid] = (kind or _kind(p), rss)
+            if kind is None or kind.startswith("ray::"):  # a Ray worker takes its role later
+                kind = _kind(p)
+            current[kind] += rss
+            self.peak_by_pid[p.pid] = (kind, max(peak, rss))
         self.peak_total = max(self.peak_total, total)
+        self.current = dict(current)
         return total
 
     def _run(self) -> None:

@@ -63,10 +63,25 @@ def main(argv: list[str] | None = None) -> int:
                if r["kind"] == "train" and "memory/total_gib" in r]
     result = growth(samples, a.warmup_minutes * 60) | {
         "minutes": samples[-1][0] / 60, "steps": len(samples), **summary.get("memory", {})}
+    kinds = sorted({k for r in rows for k in r if k.startswith("memory/") and k != "memory/total_gib"})
+    per_kind = []
+    for key in kinds:
+        series = [(r["time_s"], r[key] * 2**30) for r in rows if r["kind"] == "train" and key in r]
+        try:
+            g = growth(series, a.warmup_minutes * 60)
+        except ValueError:  # a process that came or went
+            continue
+        per_kind.append({"process": key[len("memory/"):-len("_gib")],
+                         "after warm-up GiB": f"{g['after_warmup_gib']:.3f}",
+                         "end GiB": f"{g['end_gib']:.3f}", "growth": f"{100 * g['growth']:+.1f}%"})
+    result["per_process"] = per_kind
     report([{"after warm-up GiB": f"{result['after_warmup_gib']:.3f}",
              "end GiB": f"{result['end_gib']:.3f}", "growth": f"{100 * result['growth']:+.1f}%",
              "minutes": f"{result['minutes']:.0f}", "steps": result["steps"],
              "peak total GiB": f"{result.get('memory/peak_total_gib', float('nan')):.2f}"}])
+    if per_kind:
+        print()
+        report(per_kind)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     return 0 if result["growth"] <= 0.05 else 1

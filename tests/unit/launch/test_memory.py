@@ -18,9 +18,10 @@ def test_monitor_counts_a_child_that_allocates():
                               "import time; time.sleep(30)"])
     try:
         deadline = time.time() + 20
-        while monitor.sample() < base + (250 << 20) and time.time() < deadline:
+        while (total := monitor.sample()) < base + (250 << 20) and time.time() < deadline:
             time.sleep(0.2)
-        report = monitor.report()
+        report, current = monitor.report(), monitor.current
+        assert sum(current.values()) == total and max(current.values()) >= 250 << 20
     finally:
         child.kill()
         child.wait()
