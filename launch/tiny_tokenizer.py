@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import random
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -141,24 +140,10 @@ def train_tokenizer(seed: int = 0, vocab_size: int = 1024) -> tokenizers.Tokeniz
 _MERGE_SLACK = 512
 
 
-@cache
-def _byte_of_char() -> dict[str, int]:
-    """Inverse of byte-level BPE's byte -> printable character table (GPT-2's)."""
-    from tokenizers import pre_tokenizers
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    rest = [b for b in range(256) if b not in printable]
-    table = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(rest)}
-    assert set(table) == set(alphabet)
-    return table
-
-
-def _joins_cells(token: str) -> bool:
-    """Whether a learned token holds two grid symbols, or one and a line break. Partial bytes of
-    a multi-byte symbol ("√") count as a symbol, so "√" itself may form but never "_" + part of it."""
-    text = bytes(_byte_of_char()[c] for c in token).decode("utf-8", errors="replace")
+def _joins_cells(text: str) -> bool:
+    """Whether a learned token's text holds two grid symbols, or one and a line break. Partial
+    bytes of a multi-byte symbol ("√") decode as U+FFFD and count as a symbol, so "√" itself may
+    form but never "_" + part of it."""
     cells = sum(c in GRID_SYMBOLS or c == "\ufffd" for c in text)
     return cells >= 2 or (cells == 1 and "\n" in text)
 
@@ -170,7 +155,8 @@ def _without_grid_merges(tok: tokenizers.Tokenizer, n_bpe: int) -> tokenizers.To
 
     state = json.loads(tok.to_str())
     vocab, merges = state["model"]["vocab"], state["model"]["merges"]
-    kept = [t for t in sorted(vocab, key=vocab.get) if len(t) == 1 or not _joins_cells(t)][:n_bpe]
+    kept = [t for t in sorted(vocab, key=vocab.get)
+            if len(t) == 1 or not _joins_cells(tok.decoder.decode([t]))][:n_bpe]
     known = set(kept)
     state["model"]["vocab"] = {t: i for i, t in enumerate(kept)}
     state["model"]["merges"] = [m for m in merges if m[0] in known and m[1] in known
