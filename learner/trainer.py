@@ -179,13 +179,13 @@ class Trainer:
         mask = rows.batch.loss_mask
         # How far the actors' sampling distribution is from the learner's (staleness, numerics):
         # the k1 estimate of KL(behaviour || proximal) on the sampled policy tokens.
-        drift = torch.where(mask, rows.batch.behaviour_logprobs - logp_prox, 0.0)
-        metrics.add("policy/behaviour_kl", float(drift.sum()) / max(int(mask.sum()), 1), float(mask.sum()))
+        tokens = float(mask.sum())
+        behaviour = rows.batch.behaviour_logprobs
+        metrics.add("policy/behaviour_kl", float(advantages.masked_mean(behaviour - logp_prox, mask)), tokens)
         rewards = rows.batch.token_rewards
         if self.cfg.kl_in_reward:
             rewards = kl_penalty(rows.batch, logp_ref, self.cfg.kl_in_reward["coef"])
-            kl = torch.where(mask, rows.batch.behaviour_logprobs - logp_ref, 0.0)
-            metrics.add("ref/kl_in_reward", float(kl.sum()) / max(int(mask.sum()), 1), float(mask.sum()))
+            metrics.add("ref/kl_in_reward", float(advantages.masked_mean(behaviour - logp_ref, mask)), tokens)
         adv, returns = self._advantages(rows, rewards, batch, index)
         if self.cfg.whiten_advantages:
             adv = self._whiten(adv, mask)
