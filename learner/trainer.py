@@ -1,5 +1,5 @@
 """The learner's train step: FSDP2 policy, critic and reference model, one RL update (the
-configuration is learner/config.py, the models learner/models.py).
+configuration is learner/config.py, the models learner/models.py, a rank's rows learner/rows.py).
 
 Called by ``learner/worker.py`` (one ``LearnerWorker`` per rank). Every public method is
 collective over the default process group, which the caller has initialised (gloo on CPU, nccl
@@ -33,7 +33,7 @@ import math
 import shutil
 import time
 from collections import defaultdict
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -51,34 +51,10 @@ from learner import advantages, losses
 from learner.batch import Batch, collate, kl_penalty
 from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
 from learner.models import ValueModel, load_model, token_logprobs
+from learner.rows import Rows, count_units, split_rows, take_rows
 from transport.schema import Trajectory
 
 _WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".pt")
-
-
-@dataclass
-class _Rows:
-    """This rank's rows with what the learner computed for them. Per-token tensors (m, L)."""
-
-    batch: Batch
-    lengths: torch.Tensor
-    """(m,): tokens per row, 0 for dummy rows."""
-    logp_prox: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    logp_ref: torch.Tensor | None = None
-    advantages: torch.Tensor | None = None
-    returns: torch.Tensor | None = None
-
-    def select(self, rows: slice) -> "_Rows":
-        """Rows ``rows``, trimmed to the longest of them."""
-        length = max(int(self.lengths[rows].max()), 1)
-
-        def cut(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x[rows, :length] if x.dim() == 2 else x[rows]
-
-        batch = Batch(**{f.name: cut(getattr(self.batch, f.name)) for f in fields(Batch)})
-        return replace(self, batch=batch, **{f.name: cut(getattr(self, f.name))
-                                             for f in fields(self) if f.name != "batch"})
 
 
 class Trainer:
@@ -134,7 +110,7 @@ class Trainer:
             raise ValueError("a row starts with a policy token: there is no logit to score it")
         lengths = torch.tensor([len(t.token_ids) for t in trajectories])
         index = self._my_rows(len(trajectories))
-        rows = _take_rows(batch, lengths, index, self.pad_id, self.device)
+        rows = take_rows(batch, lengths, index, self.pad_id, self.device)
         metrics = _Metrics()
         rows = self._prepare(rows, batch, index, metrics)
         t1 = time.perf_counter()
@@ -163,7 +139,7 @@ class Trainer:
         return token_logprobs(self.policy, token_ids.to(self.device), self.cfg.temperature)[0]
 
     @torch.no_grad()
-    def _prepare(self, rows: _Rows, batch: Batch, index: torch.Tensor, metrics) -> _Rows:
+    def _prepare(self, rows: Rows, batch: Batch, index: torch.Tensor, metrics) -> Rows:
         """Proximal and reference log-probs, values, rewards, advantages and returns."""
         shape = rows.batch.token_ids.shape
         logp_prox, values, logp_ref = (torch.zeros(shape, device=self.device) for _ in range(3))
@@ -193,7 +169,7 @@ class Trainer:
             metrics.exact["critic/explained_variance"] = _explained_variance(values, returns, mask)
         return replace(rows, advantages=adv, returns=returns)
 
-    def _advantages(self, rows: _Rows, rewards: torch.Tensor, batch: Batch, index: torch.Tensor):
+    def _advantages(self, rows: Rows, rewards: torch.Tensor, batch: Batch, index: torch.Tensor):
         """(advantages, returns) of this rank's rows; returns is None for grpo."""
         cfg, mask = self.cfg, rows.batch.loss_mask
         if cfg.estimator == "grpo":
@@ -224,10 +200,10 @@ class Trainer:
         dist.all_reduce(sq)
         return (centred * torch.rsqrt(sq / (stats[1] - 1).clamp(min=1) + eps)).to(x.dtype)
 
-    def _update(self, rows: _Rows, metrics: "_Metrics") -> None:
+    def _update(self, rows: Rows, metrics: "_Metrics") -> None:
         """epochs x num_minibatches optimizer steps of the policy (and the critic)."""
-        minibatches = _split(rows.batch.token_ids.shape[0], self.cfg.num_minibatches)
-        totals = torch.tensor([_units(rows.select(mb).batch.loss_mask, self.cfg.agg)
+        minibatches = split_rows(rows.batch.token_ids.shape[0], self.cfg.num_minibatches)
+        totals = torch.tensor([count_units(rows.select(mb).batch.loss_mask, self.cfg.agg)
                                for mb in minibatches], dtype=torch.float64, device=self.device)
         dist.all_reduce(totals)
         train_policy = self.critic is None or self.steps_done >= self.cfg.critic_warmup
@@ -237,7 +213,7 @@ class Trainer:
                     continue
                 for part in self._chunks(mb.stop - mb.start, start=mb.start):
                     micro = rows.select(part)
-                    units = _units(micro.batch.loss_mask, self.cfg.agg)
+                    units = count_units(micro.batch.loss_mask, self.cfg.agg)
                     scale = self.world * units / total
                     if train_policy:
                         self._policy_backward(micro, scale, units, metrics)
@@ -248,7 +224,7 @@ class Trainer:
                 if self.critic is not None:
                     metrics.add("optim/critic_grad_norm", self._step(self.critic, self.critic_optim))
 
-    def _policy_backward(self, rows: _Rows, scale: float, units: int, metrics) -> None:
+    def _policy_backward(self, rows: Rows, scale: float, units: int, metrics) -> None:
         cfg, b = self.cfg, rows.batch
         mask = b.loss_mask
         logp, entropy = token_logprobs(self.policy, b.token_ids, cfg.temperature, entropy=True,
@@ -277,7 +253,7 @@ class Trainer:
         for key, value in stats.items():
             metrics.add(f"policy/{key}", value, units)
 
-    def _critic_backward(self, rows: _Rows, scale: float, units: int, metrics) -> None:
+    def _critic_backward(self, rows: Rows, scale: float, units: int, metrics) -> None:
         mask = rows.batch.loss_mask
         loss, stats = losses.value_loss(self.critic(rows.batch.token_ids), rows.values, rows.returns,
                                         mask, clip=self.cfg.value_clip, agg=self.cfg.agg)
@@ -360,31 +336,6 @@ class Trainer:
 
 
 # --- helpers --------------------------------------------------------------------------------
-
-
-def _take_rows(batch: Batch, lengths: torch.Tensor, index: torch.Tensor, pad_id: int, device) -> _Rows:
-    """Rows ``index`` of the batch on ``device``; index -1 gives a dummy row (no policy tokens)."""
-    real, src = index >= 0, index.clamp(min=0)
-    fill = {"token_ids": pad_id, "loss_mask": False, "turn_end": False, "behaviour_logprobs": 0.0,
-            "policy_version": -1, "token_rewards": 0.0, "scores": 0.0, "group_ids": -1}
-    taken = {}
-    for name, value in fill.items():
-        x = getattr(batch, name)[src].clone()
-        x[~real] = value
-        taken[name] = x.to(device)
-    rows = _Rows(Batch(**taken), torch.where(real, lengths[src], 0))
-    return rows.select(slice(None))
-
-
-def _split(count: int, parts: int) -> list[slice]:
-    """``parts`` consecutive slices of ``count`` rows, sizes differing by at most one."""
-    bounds = [count * j // parts for j in range(parts + 1)]
-    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
-
-
-def _units(mask: torch.Tensor, agg: str) -> int:
-    """What a loss with aggregation ``agg`` averages over: tokens, or sequences with tokens."""
-    return int(mask.sum()) if agg == "token-mean" else int((mask.sum(-1) > 0).sum())
 
 
 def _explained_variance(values, returns, mask) -> float:
