@@ -301,18 +301,11 @@ class InferenceActor:
                     pass
             finally:
                 self._busy(-1)
-            return self._to_generation(final.outputs[0], logprobs)
+            gen = Generation.from_vllm(final.outputs[0], self.version, logprobs)
+            self.counts["tokens_generated"] += len(gen.token_ids)
+            return gen
 
         return generate
-
-    def _to_generation(self, out, logprobs: bool) -> Generation:
-        ids = list(out.token_ids)
-        self.counts["tokens_generated"] += len(ids)
-        lps = [out.logprobs[i][t].logprob for i, t in enumerate(ids)] if logprobs else [0.0] * len(ids)
-        versions = [self.version] * len(ids)  # vLLM reports no spans only if no version was ever set
-        for span in out.weight_versions or ():
-            versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
-        return Generation(ids, lps, versions, stopped=out.finish_reason == "stop")
 
     def _busy(self, delta: int) -> None:
         """Counts requests in flight; the engine is idle while there are none."""

@@ -45,6 +45,18 @@ class Generation:
     stopped: bool
     """True when the model ended its turn itself (end-of-turn token or stop string)."""
 
+    @classmethod
+    def from_vllm(cls, out, version: int, logprobs: bool = True) -> "Generation":
+        """From a vLLM ``CompletionOutput``: the sampled token's log-prob at each position (0.0
+        without ``logprobs``), versions from its ``weight_versions`` spans (``version`` where it
+        has none: only an engine that never had a version set reports none)."""
+        ids = list(out.token_ids)
+        lps = [out.logprobs[i][t].logprob for i, t in enumerate(ids)] if logprobs else [0.0] * len(ids)
+        versions = [version] * len(ids)
+        for span in out.weight_versions or ():
+            versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
+        return cls(ids, lps, versions, stopped=out.finish_reason == "stop")
+
 
 Generate = Callable[[list[int]], Awaitable[Generation]]
 """Given the full context's token ids, sample the next answer."""

@@ -1,36 +1,28 @@
-"""The Ray controller: place the processes, start them, drive the loop, shut everything down.
+"""The Ray controller: place the processes, start them, push weights, evaluate, shut them down.
 
-Called by ``python -m launch.train`` (the Hydra entry) with the composed config and the run
-directory. Processes, each a Ray actor placed by launch/placement.py:
+Called by launch/loop.py (the training loop of a run). Processes, each a Ray actor placed by
+launch/placement.py:
 - learner ranks (``learner.worker.LearnerWorker``): FSDP2 over gloo/NCCL; rank 0 binds the
   trajectory stream and hosts the weight group;
 - inference actors (``actors.actor.InferenceActor``, async Ray actors): a vLLM engine each (one
   worker process, which joins the weight group) and an env pool (or a remote env service).
 
-The loop. ``async``: actors play episodes without pause; each learner step takes the next batch
-within the staleness bound, and every ``publish_every`` steps the controller calls every actor's
-``update_weights`` (pause with requests kept, receive inside the vLLM worker, reset the prefix
-cache, resume) together with the learners' ``publish_weights``. ``sync``: the same components
-with no overlap: generate a batch, train, push, repeat (the baseline the async mode is measured
-against). Greedy evaluation on held-out seeds runs before RL, every ``eval_every`` steps and at
-the end.
+A weight push calls every actor's ``update_weights`` (pause with requests kept, receive inside the
+vLLM worker, reset the prefix cache, resume) together with the learners' ``publish_weights``.
 
-Invariants: everything started here is stopped here, on success, on error and on SIGTERM (which
-checkpoints first); the controller stops only the Ray actors it created, and shuts Ray down only
-if it started it.
+Invariants: ``shutdown`` stops only the Ray actors ``start`` created, and shuts Ray down only if
+``init_ray`` started it; the warm start runs in a Ray task whose worker exits after it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launch.metrics import RunLogger
 from launch.placement import Node, Roles, place
 
 log = logging.getLogger(__name__)
@@ -43,27 +35,6 @@ class Processes:
     actors: list = field(default_factory=list)
     runs: list = field(default_factory=list)
     """The actors' background ``run`` calls (async mode)."""
-
-
-class Stop:
-    """Set by SIGTERM/SIGINT: the loop checkpoints and leaves at the next step boundary."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._old = {}
-
-    def __enter__(self) -> "Stop":
-        for sig in (signal.SIGTERM,):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        log.warning("signal %s: checkpointing and stopping after this step", signum)
-        self.requested = True
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
 
 
 def init_ray(cfg) -> bool:
@@ -278,143 +249,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def train(cfg, run_dir: Path) -> dict[str, Any]:
-    """One whole run; returns the summary (also written to ``<run dir>/summary.json``)."""
-    import json
-
-    import ray
-    from omegaconf import OmegaConf
-
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    logger = RunLogger(run_dir, OmegaConf.to_container(cfg, resolve=True), wandb_mode=cfg.logger.mode,
-                       use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
-    started = init_ray(cfg)
-    monitor = None
-    if started:  # a local cluster: every process of the run is a descendant of this one
-        from launch.memory import MemoryMonitor
-
-        monitor = MemoryMonitor(os.getpid())
-    procs = Processes()
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": cfg.train.mode}
-    t = cfg.train
-    try:
-        with Stop() as stop:
-            t0 = time.perf_counter()
-            model_path = prepare_model(cfg, run_dir)
-            summary["warm_start_s"] = round(time.perf_counter() - t0, 1)
-            procs, info = start(cfg, model_path)
-            step = 0
-            checkpoint = run_dir / "checkpoint"
-            if t.resume and (checkpoint / "extra.pt").exists():
-                extra = ray.get([w.load_checkpoint.remote(str(checkpoint)) for w in procs.learners])[0]
-                step = int(extra["step"])
-                push_weights(procs, step)  # the actors' engines start from the model path, not the checkpoint
-            seeds = list(range(t.eval_seed_offset, t.eval_seed_offset + t.eval_seeds))
-            evals = [logger.log("eval", step, evaluate(procs, seeds))]
-            print(f"eval before RL: success {evals[-1]['success']:.3f} on {len(seeds)} seeds", flush=True)
-            if t.mode == "async":
-                _set_budgets(cfg, procs, step, dropped=0)
-                procs.runs = [a.run.remote() for a in procs.actors]
-            per_actor = _episodes_per_actor(cfg)
-            empty = 0
-            while step < t.steps and not stop.requested:
-                t_step = time.perf_counter()
-                if t.mode == "sync":
-                    ray.get([a.run.remote(num_episodes=n) for a, n in zip(procs.actors, per_actor)])
-                metrics = ray.get([w.train_step.remote(t.batch_size) for w in procs.learners])[0]
-                if not metrics:
-                    empty += 1
-                    _check_actors(procs)
-                    if empty >= 3:
-                        raise RuntimeError("no full batch arrived in 3 waits: are the actors producing?")
-                    continue
-                step += 1
-                if step % t.publish_every == 0:
-                    metrics.update(push_weights(procs, step))
-                if procs.runs:
-                    _set_budgets(cfg, procs, step, dropped=int(metrics.get("buffer/dropped_stale", 0)))
-                wall = time.perf_counter() - t_step
-                metrics["timing/step_wall_s"] = wall
-                metrics["throughput/trajectories_per_s"] = t.batch_size / wall
-                metrics["throughput/tokens_per_s"] = metrics.get("rollout/tokens", 0.0) / wall
-                if monitor is not None:
-                    metrics["memory/total_gib"] = monitor.sample() / 2**30
-                    metrics.update({f"memory/{k}_gib": v / 2**30 for k, v in monitor.current.items()})
-                record = logger.log("train", step, metrics)
-                if step % cfg.logger.print_every == 0:
-                    logger.progress(record)
-                if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-                    evals.append(logger.log("eval", step, evaluate(procs, seeds)))
-                    print(f"eval at step {step}: success {evals[-1]['success']:.3f}", flush=True)
-                if t.checkpoint_every and step % t.checkpoint_every == 0:
-                    _checkpoint(procs, checkpoint, step)
-            if procs.runs:
-                ray.get([a.stop.remote() for a in procs.actors])
-                ray.get(procs.runs)
-            if evals[-1]["step"] != step and not stop.requested:  # a stop request leaves quickly
-                evals.append(logger.log("eval", step, evaluate(procs, seeds)))
-            print(f"eval after RL: success {evals[-1]['success']:.3f}", flush=True)
-            _checkpoint(procs, checkpoint, step)
-            ray.get([w.save_hf.remote(str(run_dir / "final-model")) for w in procs.learners])
-            (run_dir / "samples.txt").write_text(ray.get(procs.learners[0].samples_text.remote(t.save_samples)))
-            last = [e["success"] for e in evals[-3:]]
-            summary.update(
-                steps=step, eval_before=evals[0]["success"], eval_after=evals[-1]["success"],
-                eval_last3_mean=sum(last) / len(last), interrupted=stop.requested,
-                actors=ray.get([a.stats.remote() for a in procs.actors]),
-                accounting=ray.get(procs.learners[0].accounting.remote()),
-            )
-    finally:
-        if monitor is not None:
-            summary["memory"] = monitor.report()
-            monitor.close()
-        shutdown(procs, started)
-        logger.plot()
-        logger.close()
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return summary
-
-
-def episode_budget(step: int, *, batch_size: int, run_ahead: int, max_staleness: int,
-                   dropped: int, actors: int, group_size: int) -> int:
-    """Per actor: the most training episodes it may have started (and not failed) once the
-    learner has taken ``step`` batches: ``1 + run_ahead`` batches beyond them (run_ahead capped
-    at max_staleness), plus what the buffer dropped (so the learner never starves), split over
-    the actors in whole GRPO groups. run_ahead 1: the actors fill the next batch while the
-    learner trains on this one, so trajectories are about one version stale."""
-    total = (step + 1 + min(run_ahead, max_staleness)) * batch_size + dropped
-    return -(-total // (actors * group_size)) * group_size
-
-
-def _set_budgets(cfg, procs: Processes, step: int, *, dropped: int) -> None:
-    import ray
-
-    budget = episode_budget(step, batch_size=cfg.train.batch_size, run_ahead=cfg.actors.run_ahead,
-                            max_staleness=cfg.learner.max_staleness, dropped=dropped,
-                            actors=len(procs.actors), group_size=cfg.actors.group_size)
-    ray.get([a.set_episode_budget.remote(budget) for a in procs.actors])
-
-
-def _episodes_per_actor(cfg) -> list[int]:
-    """Sync mode: whole GRPO groups per actor adding up to at least the batch size."""
-    groups = -(-cfg.train.batch_size // cfg.actors.group_size)
-    n = cfg.actors.num
-    return [(groups // n + (i < groups % n)) * cfg.actors.group_size for i in range(n)]
-
-
-def _checkpoint(procs: Processes, path: Path, step: int) -> None:
-    import ray
-
-    ray.get([w.save_checkpoint.remote(str(path), {"step": step}) for w in procs.learners])
-
-
-def _check_actors(procs: Processes) -> None:
-    """Raise the error of an actor whose background run ended (a crash, not a stop)."""
-    import ray
-
-    done, _ = ray.wait(procs.runs, num_returns=len(procs.runs), timeout=0)
-    for ref in done:
-        ray.get(ref)  # re-raises the actor's failure

@@ -1,8 +1,8 @@
 """`python -m launch.train`: the Hydra entry point of a training run.
 
 Composes configs/train.yaml with the command line (``env=sokoban actors.num=4``, ``--multirun``
-sweeps, ``+experiment=...`` presets), then hands the config and the run directory to the Ray
-controller (launch/controller.py), which starts a local Ray cluster or attaches to the one in
+sweeps, ``+experiment=...`` presets), then hands the config and the run directory to the training
+loop (launch/loop.py), whose Ray controller (launch/controller.py) starts a local Ray cluster or attaches to the one in
 ``RAY_ADDRESS`` (so ``ray job submit -- python -m launch.train ...`` works unchanged).
 """
 
@@ -22,7 +22,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    from launch.controller import train
+    from launch.loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     summary = train(cfg, HydraConfig.get().runtime.output_dir)

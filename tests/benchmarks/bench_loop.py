@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from launch.controller import train
+from launch.loop import train
 from tests.benchmarks.report import report
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

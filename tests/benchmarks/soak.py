@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.soak [--minutes 60] [--warmup-minutes 10] [--json out.json]
 
-A real ``launch.controller.train`` (Ray, vLLM actor, env pool, ZeroMQ stream, gloo broadcast,
+A real ``launch.loop.train`` (Ray, vLLM actor, env pool, ZeroMQ stream, gloo broadcast,
 FSDP learner) with the default config, except: no warm start (memory does not depend on what the
 weights know), no periodic eval, and steps without end; SIGTERM stops it after ``--minutes``,
 as it would stop a job (checkpoint, then shut down). Memory is the controller's monitor: the
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-minutes", type=float, default=10.0)
     p.add_argument("--json")
     a = p.parse_args(argv)
-    from launch.controller import train
+    from launch.loop import train
 
     cfg = compose_config(["train.steps=1000000", "train.eval_every=0", "train.eval_seeds=4",
                           "warm_start.enabled=false", "logger.wandb=false"])

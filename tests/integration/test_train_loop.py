@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from launch.controller import train
+from launch.loop import train
 from tests.unit.launch.test_configs import CONFIGS
 
 SHORT = [

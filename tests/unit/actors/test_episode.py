@@ -140,3 +140,19 @@ def test_context_budget_ends_the_episode(tokenizer):
     result = asyncio.run(run_episode(generate, OneEnvClient(env), 0, 1, tokenizer,
                                      max_turns=3, max_context=10))
     assert result.trajectory is None and result.failure == "context_overflow" and not seen
+
+
+def test_generation_from_vllm_labels_each_token_with_its_span_version():
+    from types import SimpleNamespace as NS
+
+    ids = [5, 6, 7, 8]
+    out = NS(token_ids=ids, finish_reason="length",
+             logprobs=[{t: NS(logprob=-0.1 * (i + 1))} for i, t in enumerate(ids)],
+             weight_versions=[NS(version="3", start=0, end=1), NS(version="4", start=1, end=4)])
+    gen = Generation.from_vllm(out, version=9)
+    assert gen.token_ids == ids and not gen.stopped
+    assert gen.logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4])
+    assert gen.versions == [3, 4, 4, 4]
+    plain = Generation.from_vllm(NS(token_ids=ids[:2], finish_reason="stop", logprobs=None,
+                                    weight_versions=None), version=9, logprobs=False)
+    assert (plain.logprobs, plain.versions, plain.stopped) == ([0.0, 0.0], [9, 9], True)
