@@ -25,6 +25,8 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envs.relations import PHRASES
+
 if TYPE_CHECKING:
     import tokenizers
     from transformers import PreTrainedTokenizerBase
@@ -73,6 +75,8 @@ and or if when where which what there this that with from by for as it its be be
 Sokoban FrozenLake symbol symbols means represents legend coordinate coordinates distance
 nearest blocked free path route north south east west please choose select final Please You
 Your The A If When After Before Then Now Answer Think Observation Reward Action Valid
+directly same place toward keep off so I executed Executed Turn turns give order edge leaves
+walking Reach without Moving safe fallen top per player assistant user system
 """.split()
 GRID_SYMBOLS = ("P", "_", "#", "O", "G", "X", "√", "S", "F", "H", ".", "@", "$", "*", "+")
 """The cell symbols of the grid envs' text observations (and common others): never merged."""
@@ -91,12 +95,13 @@ def synthetic_corpus(seed: int, n_lines: int = 3000) -> list[str]:
             rows = [sep.join(rng.choice(GRID_SYMBOLS[:7]) for _ in range(rng.randint(3, 8)))
                     for _ in range(rng.randint(3, 8))]
             lines.append("\n".join(rows))
-        elif kind == 1:  # a sentence about positions
-            a, b = rng.sample(_WORDS[:12], 2)
-            rel = rng.choice(("above", "below", "left of", "right of", "next to"))
-            lines.append(f"The {a} is {rel} the {b} at ({rng.randint(0, 9)}, {rng.randint(0, 9)}).")
-        elif kind == 2:  # free word salad
-            lines.append(" ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 20))))
+        elif kind == 1:  # a sentence about positions, as the grid envs' state text words them
+            a = rng.choice(_WORDS[:12])
+            lines.append(f"The {a} is {rng.choice(list(PHRASES.values()))} the player.")
+        elif kind == 2:  # free word salad, sometimes under a chat role (as the template writes it)
+            words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 20)))
+            role = rng.choice(("", "system\n", "user\n", "assistant\n"))
+            lines.append(role + words)
         elif kind == 3:  # action lists and rewards
             acts = ", ".join(rng.choice(("Up", "Down", "Left", "Right")) for _ in range(rng.randint(1, 5)))
             lines.append(f"Action: {acts}\nReward: {rng.uniform(-1, 10):.2f}\nStep {rng.randint(0, 99)}")
