@@ -110,6 +110,9 @@ class TrajectoryReceiver:
         self._auth = None
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        # A restarted actor reconnects under its old identity, maybe before the dead connection
+        # is noticed: it takes the identity over (by default ZeroMQ would refuse it).
+        self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if curve is not None:
             self._auth = _curve_server(self._context, self._socket, curve)
         self._socket.bind(address)

@@ -19,9 +19,9 @@ Wire protocol of one publish, every message a broadcast from rank 0 (as uint8 by
    transport/packing.py (which also derives the offsets, identically on both ends);
 3. one flat buffer per dtype, in dtype-name order, empty ones skipped.
 
-Invariants: versions strictly increase (the publisher refuses, a subscriber raises otherwise;
-the first receive after a join may repeat the last version, since a publish that failed for
-some workers is re-sent). ``receive`` returns views into buffers reused while the layout stays
+Invariants: versions strictly increase (the publisher refuses, a subscriber raises otherwise),
+except that the first publish of a new generation may repeat the last version (a publish that
+failed for some workers, or the current weights for a restarted worker, is re-sent). ``receive`` returns views into buffers reused while the layout stays
 the same: they hold the next version's weights after the next ``receive``. Every wait is
 bounded by ``timeout_s`` (gloo): a killed peer makes the other side raise within about a second,
 a silent one at ``timeout_s`` (gloo's sends wait for the receiver, even for the header). So
@@ -136,14 +136,20 @@ class WeightPublisher(_Member):
         """Start the next generation with ``world_size`` ranks and return its number."""
         self._new_generation(self.generation + 1, world_size)
         self._layout_in_group = False
+        self._resend_ok = True
         self._store.set(_CURRENT, f"{self.generation} {world_size}")
         return self.generation
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Broadcast ``named_tensors`` as ``version``; ``WeightSyncError`` if the group fails."""
+        """Broadcast ``named_tensors`` as ``version``; ``WeightSyncError`` if the group fails.
+
+        The first publish of a generation may repeat the last version (to bring a restarted
+        worker up to date); otherwise versions strictly increase.
+        """
         named = list(named_tensors)
-        if self.last_version is not None and version <= self.last_version:
-            raise ValueError(f"version {version} does not increase on {self.last_version}")
+        last = self.last_version
+        if last is not None and (version < last or (version == last and not self._resend_ok)):
+            raise ValueError(f"version {version} does not increase on {last}")
         if self.backend is None:
             self.backend = "nccl" if any(t.is_cuda for _, t in named) else "gloo"
         layout = Layout.of(named)
@@ -166,7 +172,7 @@ class WeightPublisher(_Member):
             raise self._fail(f"publish of version {version} failed", e) from e
         self.layouts_sent += bool(payload)
         self._layout_in_group = True
-        self.last_version = version
+        self.last_version, self._resend_ok = version, False
 
 
 class WeightSubscriber(_Member):

@@ -63,6 +63,22 @@ def test_many_actors_deliver_and_accounting_balances(receiver):
             s.close()
 
 
+def test_a_restarted_actor_takes_over_its_identity(receiver):
+    old = TrajectorySender(receiver.address, actor_id=7)
+    _settle(receiver)
+    old.send(make_trajectory(7, 0, length=16, seed=0), timeout_s=5)
+    assert [t.episode_id for _, t, _ in _drain(receiver, 1)] == [0]
+    new = TrajectorySender(receiver.address, actor_id=7)  # the old connection is still open
+    try:
+        _settle(receiver)
+        new.send(make_trajectory(7, 1, length=16, seed=1), timeout_s=5)
+        assert [t.episode_id for _, t, _ in _drain(receiver, 1)] == [1]
+        assert receiver.received["actor-7"] == 2
+    finally:
+        old.close()
+        new.close()
+
+
 def test_sender_blocks_when_the_learner_does_not_release():
     one = len(encode(make_trajectory(length=256).to_wire()))
     rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=3 * one)

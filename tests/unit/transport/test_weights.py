@@ -177,6 +177,12 @@ def test_publisher_alone_refuses_non_increasing_versions():
             publisher.publish(_weights(0), version=3)
         publisher.publish(_weights(0), version=4)
         assert publisher.layouts_sent == 1 and publisher.last_version == 4
+        publisher.reform(1)  # a new generation may get the current version once more, not older
+        with pytest.raises(ValueError, match="does not increase"):
+            publisher.publish(_weights(0), version=3)
+        publisher.publish(_weights(0), version=4)
+        with pytest.raises(ValueError, match="does not increase"):
+            publisher.publish(_weights(0), version=4)
     finally:
         publisher.close()
 
@@ -268,3 +274,20 @@ def test_killed_subscriber_raises_then_new_generation_recovers(cluster):
     for (status, _, version, prints, _), in c.collect().values():
         assert (status, version, prints) == ("ok", 3, _fingerprint(named))
     assert c.publisher.layouts_sent == 2  # the new group got the layout again
+
+
+def test_restarted_worker_gets_the_current_version_again(cluster):
+    c = cluster(3)
+    _, victim = c.spawn(1, 2, world_size=3, generation=0)
+    c.tell("receive")
+    c.publisher.publish(_weights(4), version=4)
+    assert all(r[0][0] == "ok" for r in c.collect().values())
+    os.kill(victim.pid, signal.SIGKILL)  # dies between publishes: nothing failed yet
+    victim.join(timeout=5)
+
+    c.tell("join", c.publisher.reform(3), 3, ranks=[1])
+    c.spawn(2)
+    c.tell("receive")
+    c.publisher.publish(_weights(4), version=4)  # the same weights, for the newcomer
+    for (status, _, version, prints, _), in c.collect().values():
+        assert (status, version, prints) == ("ok", 4, _fingerprint(_weights(4)))
