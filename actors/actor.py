@@ -17,8 +17,9 @@ Invariants:
 - An env failure (crashed or hung worker, env exception, service timeout) loses one episode and
   is counted by reason; it never stops the actor. Engine errors do propagate out of ``run``.
 - GRPO groups: ``group_size`` consecutive episodes share a seed and a ``group_id`` that is unique
-  across actors (``actor_id * GROUP_STRIDE + k``). Seeds come from a stream fixed by
-  (``seed``, ``actor_id``), within ``train_seeds`` (keep it clear of the evaluation seeds).
+  across actors and restarts (``actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + k``).
+  Seeds come from a stream fixed by (``seed``, ``actor_id``, ``incarnation``), within
+  ``train_seeds`` (keep it clear of the evaluation seeds).
 - Each episode holds one env slot; training and evaluation episodes share the slots.
 - Backpressure: a trajectory is sent from one sender thread and its episode counts against
   ``concurrency`` until the learner has granted the credit to send it.
@@ -49,7 +50,9 @@ log = logging.getLogger(__name__)
 
 EXTENSION = "actors.vllm_extension.WeightSyncExtension"
 GROUP_STRIDE = 10**9
-"""group_id = actor_id * GROUP_STRIDE + the actor's group count: unique across actors."""
+INCARNATION_STRIDE = 10**6
+"""group_id = actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + the incarnation's
+group count: unique across actors and their restarts."""
 COUNTS = ("episodes_started", "episodes_done", "episodes_failed", "episodes_unsent",
           "tokens_generated", "weight_updates", "weight_update_failures")
 """Counters in ``stats()``, next to ``failed/<reason>`` per failure reason and ``episodes_sent``."""
@@ -84,8 +87,10 @@ class InferenceActor:
         self._update_lock: asyncio.Lock | None = None
         self._driver: asyncio.Task | None = None
         self._started = self._stopping = self._closed = False
-        self._seed_rng = np.random.default_rng([self.cfg.seed, self.cfg.actor_id])
-        self._group_seed, self._group_id, self._groups, self._member = 0, 0, 0, 0
+        life = self.cfg.incarnation
+        self._seed_rng = np.random.default_rng([self.cfg.seed, self.cfg.actor_id] + ([life] if life else []))
+        self._group_seed, self._group_id, self._member = 0, 0, 0
+        self._groups = life * INCARNATION_STRIDE
         self._episode_ids = itertools.count()
         self._request_ids = itertools.count()
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))

@@ -34,7 +34,14 @@ class Processes:
     learners: list = field(default_factory=list)
     actors: list = field(default_factory=list)
     runs: list = field(default_factory=list)
-    """The actors' background ``run`` calls (async mode)."""
+    """The actors' background ``run`` calls (async mode), by actor index."""
+    restarts: list = field(default_factory=list)
+    """Times each actor was replaced after a crash."""
+    actor_slots: list = field(default_factory=list)
+    """Each actor's placement slot (launch/placement.py) and its config (``actor_config``)."""
+    actor_configs: list = field(default_factory=list)
+    weight_group: dict = field(default_factory=dict)
+    """host, port, world_size, timeout_s of the weight broadcast group (rank 0: the learner)."""
 
 
 def init_ray(cfg) -> bool:
@@ -79,7 +86,8 @@ def trainer_config(cfg, model_path: str) -> dict[str, Any]:
     return {
         "model_path": model_path, "critic_path": cfg.model.critic_path,
         "lr": lr.lr, "critic_lr": lr.critic_lr, "grad_clip": lr.grad_clip, "epochs": lr.epochs,
-        "num_minibatches": lr.num_minibatches, "param_dtype": lr.param_dtype,
+        "num_minibatches": lr.num_minibatches, "micro_batch_size": lr.micro_batch_size,
+        "param_dtype": lr.param_dtype,
         "critic_warmup": lr.critic_warmup,
         "temperature": cfg.actors.temperature, "seed": cfg.seed, "vtrace": lr.vtrace, **algo,
     }
@@ -149,7 +157,6 @@ def start(cfg, model_path: str) -> tuple[Processes, dict[str, Any]]:
     """Place and start the learner ranks and the actors; the actors join the weight group."""
     import ray
 
-    from actors.actor import InferenceActor
     from learner.worker import LearnerWorker
 
     placement = place(_nodes(), _roles(cfg))
@@ -170,38 +177,106 @@ def start(cfg, model_path: str) -> tuple[Processes, dict[str, Any]]:
         weight_world_size=placement.weight_world_size, device=cfg.learner.device,
     ) for w in procs.learners])
     stream = infos[0]["stream_address"].replace("0.0.0.0", host)
-    actor_cls = ray.remote(InferenceActor)
-    slots = placement.of("actor")
-    for slot in slots:
-        env_vars = {}
-        if len(slots) > 1 and not slot.gpus:  # two CPU engines on one node: one core each
-            env_vars["VLLM_CPU_OMP_THREADS_BIND"] = str(slot.index % max(1, os.cpu_count() or 1))
-        procs.actors.append(actor_cls.options(
-            num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
-            runtime_env={"env_vars": env_vars} if env_vars else None,
-        ).remote(actor_config(cfg, slot.index, model_path, stream)))
+    procs.weight_group = {"host": host, "port": infos[0]["weight_port"],
+                          "world_size": placement.weight_world_size,
+                          "timeout_s": cfg.transport.weight_timeout_s}
+    procs.actor_slots = placement.of("actor")
+    procs.actor_configs = [actor_config(cfg, slot.index, model_path, stream) for slot in procs.actor_slots]
+    procs.actors = [_new_actor(procs, i) for i in range(len(procs.actor_slots))]
+    procs.restarts = [0] * len(procs.actors)
     ray.get([a.start.remote() for a in procs.actors])
-    ray.get([a.join_weight_group.remote(host, infos[0]["weight_port"], slot.weight_ranks[0],
-                                        placement.weight_world_size, cfg.transport.weight_timeout_s)
-             for a, slot in zip(procs.actors, slots)])
+    _join_weight_group(procs)
     return procs, {"placement": placement, "stream": stream, "weight_port": infos[0]["weight_port"]}
 
 
+def _new_actor(procs: Processes, index: int, incarnation: int = 0):
+    """A Ray actor for actor ``index`` on its placement slot (not started)."""
+    import ray
+
+    from actors.actor import InferenceActor
+
+    slot, slots = procs.actor_slots[index], procs.actor_slots
+    env_vars = {}
+    if len(slots) > 1 and not slot.gpus:  # two CPU engines on one node: one core each
+        env_vars["VLLM_CPU_OMP_THREADS_BIND"] = str(slot.index % max(1, os.cpu_count() or 1))
+    return ray.remote(InferenceActor).options(
+        num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
+        runtime_env={"env_vars": env_vars} if env_vars else None,
+    ).remote({**procs.actor_configs[index], "incarnation": incarnation})
+
+
+def _join_weight_group(procs: Processes) -> None:
+    """Every actor's engine joins the weight group's current generation."""
+    import ray
+
+    g = procs.weight_group
+    ray.get([a.join_weight_group.remote(g["host"], g["port"], slot.weight_ranks[0], g["world_size"],
+                                        g["timeout_s"])
+             for a, slot in zip(procs.actors, procs.actor_slots)])
+
+
+def restart_actor(procs: Processes, index: int, max_restarts: int, error: BaseException) -> None:
+    """Replace actor ``index`` (dead, or its run failed) with a started one of the next
+    incarnation; its episodes in flight are lost. Re-raises ``error`` past ``max_restarts``.
+    The new engine holds the model path's weights: call ``reform_weights`` next."""
+    import ray
+
+    if procs.restarts[index] >= max_restarts:
+        raise RuntimeError(f"actor {index} failed after {max_restarts} restarts") from error
+    log.warning("actor %d failed (%s: %s): restarting it", index, type(error).__name__, error)
+    ray.kill(procs.actors[index], no_restart=True)
+    procs.restarts[index] += 1
+    procs.actors[index] = _new_actor(procs, index, procs.restarts[index])
+    ray.get(procs.actors[index].start.remote())
+
+
+def reform_weights(procs: Processes, version: int) -> dict[str, float]:
+    """A new generation of the weight group, every actor in it, and ``version`` pushed to all
+    (the same version again is allowed: a restarted actor needs the current weights)."""
+    import ray
+
+    world = procs.weight_group["world_size"]
+    ray.get([w.reform_weight_group.remote(world) for w in procs.learners])
+    _join_weight_group(procs)
+    return push_weights(procs, version)
+
+
 def push_weights(procs: Processes, version: int) -> dict[str, float]:
-    """Every actor receives (in flight) the learner's weights of ``version``; returns timings."""
+    """Every actor receives (in flight) the learner's weights of ``version``; returns timings.
+
+    Raises ``PushError`` (after every call returned) if the learner or any actor failed.
+    """
     import ray
 
     t0 = time.perf_counter()
     learner_refs = [w.publish_weights.remote() for w in procs.learners]
     actor_refs = [a.update_weights.remote(version) for a in procs.actors]
-    published = ray.get(learner_refs)[0]
-    updates = ray.get(actor_refs)
+    results = []
+    for ref in learner_refs + actor_refs:  # wait for all: none is left receiving alone
+        try:
+            results.append(ray.get(ref))
+        except Exception as e:  # noqa: BLE001 - sorted out by the caller from PushError.errors
+            results.append(e)
+    errors = {i: r for i, r in enumerate(results[len(learner_refs):]) if isinstance(r, Exception)}
+    learner_errors = [r for r in results[:len(learner_refs)] if isinstance(r, Exception)]
+    if errors or learner_errors:
+        raise PushError(version, errors, learner_errors)
+    published, updates = results[0], results[len(learner_refs):]
     out = {**published, "weights/push_s": time.perf_counter() - t0}
     for key in ("pause_s", "receive_s", "total_s"):
         vals = [u.get(key, 0.0) for u in updates]
         if vals:
             out[f"weights/actor_{key}"] = max(vals)
     return out
+
+
+class PushError(RuntimeError):
+    """A weight push failed: ``errors`` by actor index, and the learners' errors."""
+
+    def __init__(self, version: int, errors: dict[int, Exception], learner_errors: list[Exception]):
+        super().__init__(f"push of version {version} failed: actors {sorted(errors)}, "
+                         f"learner {[str(e) for e in learner_errors]}")
+        self.errors, self.learner_errors = errors, learner_errors
 
 
 def evaluate(procs: Processes, seeds: list[int]) -> dict[str, float]:

@@ -9,7 +9,9 @@ them ``actors.run_ahead`` batches ahead of the learner; each learner step takes 
 within the staleness bound, and every ``publish_every`` steps the weights go to every actor in
 flight. ``sync``: the same components with no overlap: generate a batch, train, push, repeat
 (the baseline the async mode is measured against). Greedy evaluation on held-out seeds runs
-before RL, every ``eval_every`` steps and at the end.
+before RL, every ``eval_every`` steps and at the end. launch/supervisor.py keeps the actors going:
+it sets their budgets, and replaces one that crashed (between the learner's waits for a batch,
+or when a weight push fails) without stopping the run.
 
 Invariants: everything started here is stopped here, on success, on error and on SIGTERM (which
 checkpoints first, at the next step boundary); ``<run dir>/summary.json`` is written in every
@@ -28,8 +30,11 @@ from typing import Any
 
 from launch.controller import Processes, evaluate, init_ray, prepare_model, push_weights, shutdown, start
 from launch.metrics import RunLogger
+from launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+WAIT_SLICE_S = 5.0
+"""The learner waits for a batch this long per call; the controller checks the actors between."""
 
 
 class Stop:
@@ -101,27 +106,21 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
     seeds = list(range(t.eval_seed_offset, t.eval_seed_offset + t.eval_seeds))
     evals = [logger.log("eval", step, evaluate(procs, seeds))]
     print(f"eval before RL: success {evals[-1]['success']:.3f} on {len(seeds)} seeds", flush=True)
+    supervisor = Supervisor(cfg, procs)
     if t.mode == "async":
-        _set_budgets(cfg, procs, step, dropped=0)
-        procs.runs = [a.run.remote() for a in procs.actors]
-    empty = 0
+        supervisor.start_runs(step)
     while step < t.steps and not stop.requested:
         t_step = time.perf_counter()
-        metrics = _train_step(cfg, procs)
-        if not metrics:
-            empty += 1
-            _check_actors(procs)
-            if empty >= 3:
-                raise RuntimeError("no full batch arrived in 3 waits: are the actors producing?")
-            continue
+        metrics = _train_step(cfg, procs, supervisor, step)
         step += 1
         if step % t.publish_every == 0:
-            metrics.update(push_weights(procs, step))
+            metrics.update(supervisor.push(step))
         if procs.runs:
-            _set_budgets(cfg, procs, step, dropped=int(metrics.get("buffer/dropped_stale", 0)))
+            supervisor.set_budgets(step, dropped=int(metrics.get("buffer/dropped_stale", 0)))
         wall = time.perf_counter() - t_step
         metrics.update({"timing/step_wall_s": wall, "throughput/trajectories_per_s": t.batch_size / wall,
-                        "throughput/tokens_per_s": metrics.get("rollout/tokens", 0.0) / wall})
+                        "throughput/tokens_per_s": metrics.get("rollout/tokens", 0.0) / wall,
+                        "actors/restarts": supervisor.restarts})
         if monitor is not None:
             metrics["memory/total_gib"] = monitor.sample() / 2**30
             metrics.update({f"memory/{k}_gib": v / 2**30 for k, v in monitor.current.items()})
@@ -145,56 +144,33 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
     last = [e["success"] for e in evals[-3:]]
     return {"steps": step, "eval_before": evals[0]["success"], "eval_after": evals[-1]["success"],
             "eval_last3_mean": sum(last) / len(last), "interrupted": stop.requested,
+            "actor_restarts": list(procs.restarts),
             "actors": ray.get([a.stats.remote() for a in procs.actors]),
             "accounting": ray.get(procs.learners[0].accounting.remote())}
 
 
-def _train_step(cfg, procs: Processes) -> dict[str, float]:
-    """One learner step (after a sync-mode rollout); {} when no full batch arrived in time."""
+def _train_step(cfg, procs: Processes, supervisor: Supervisor, version: int) -> dict[str, float]:
+    """One learner step (after a sync-mode rollout). The learner waits for its batch in slices
+    of WAIT_SLICE_S, between which failed actors are replaced; no batch within
+    ``train.batch_timeout_s`` ends the run."""
     import ray
 
     if cfg.train.mode == "sync":
-        ray.get([a.run.remote(num_episodes=n) for a, n in zip(procs.actors, _episodes_per_actor(cfg))])
-    return ray.get([w.train_step.remote(cfg.train.batch_size) for w in procs.learners])[0]
-
-
-def episode_budget(step: int, *, batch_size: int, run_ahead: int, max_staleness: int,
-                   dropped: int, actors: int, group_size: int) -> int:
-    """Per actor: the most training episodes it may have started (and not failed) once the
-    learner has taken ``step`` batches: ``1 + run_ahead`` batches beyond them (run_ahead capped
-    at max_staleness), plus what the buffer dropped (so the learner never starves), split over
-    the actors in whole GRPO groups. run_ahead 1: the actors fill the next batch while the
-    learner trains on this one, so trajectories are about one version stale."""
-    total = (step + 1 + min(run_ahead, max_staleness)) * batch_size + dropped
-    return -(-total // (actors * group_size)) * group_size
-
-
-def _set_budgets(cfg, procs: Processes, step: int, *, dropped: int) -> None:
-    import ray
-
-    budget = episode_budget(step, batch_size=cfg.train.batch_size, run_ahead=cfg.actors.run_ahead,
-                            max_staleness=cfg.learner.max_staleness, dropped=dropped,
-                            actors=len(procs.actors), group_size=cfg.actors.group_size)
-    ray.get([a.set_episode_budget.remote(budget) for a in procs.actors])
-
-
-def _episodes_per_actor(cfg) -> list[int]:
-    """Sync mode: whole GRPO groups per actor adding up to at least the batch size."""
-    groups = -(-cfg.train.batch_size // cfg.actors.group_size)
-    n = cfg.actors.num
-    return [(groups // n + (i < groups % n)) * cfg.actors.group_size for i in range(n)]
+        supervisor.rollout(version)
+    t0 = time.perf_counter()
+    while True:
+        supervisor.check(version)
+        t_slice = time.perf_counter()
+        metrics = ray.get([w.train_step.remote(cfg.train.batch_size, WAIT_SLICE_S)
+                           for w in procs.learners])[0]
+        if metrics:
+            metrics["timing/wait_batch_s"] += t_slice - t0  # the slices before this one
+            return metrics
+        if time.perf_counter() - t0 > cfg.train.batch_timeout_s:
+            raise RuntimeError(f"no full batch in {cfg.train.batch_timeout_s} s: are the actors producing?")
 
 
 def _checkpoint(procs: Processes, path: Path, step: int) -> None:
     import ray
 
     ray.get([w.save_checkpoint.remote(str(path), {"step": step}) for w in procs.learners])
-
-
-def _check_actors(procs: Processes) -> None:
-    """Raise the error of an actor whose background run ended (a crash, not a stop)."""
-    import ray
-
-    done, _ = ray.wait(procs.runs, num_returns=len(procs.runs), timeout=0)
-    for ref in done:
-        ray.get(ref)  # re-raises the actor's failure

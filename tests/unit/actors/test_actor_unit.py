@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from actors import actor as actor_mod
-from actors.actor import GROUP_STRIDE, InferenceActor, WeightUpdateError
+from actors.actor import GROUP_STRIDE, INCARNATION_STRIDE, InferenceActor, WeightUpdateError
 from actors.config import ActorConfig
 from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
@@ -152,10 +152,14 @@ def test_groups_share_seeds_and_trajectories_reach_the_learner(tokenizer):
     for g in {t.group_id for t in trajs}:
         assert len({t.seed for t in trajs if t.group_id == g}) == 1
     assert all(set(t.policy_version[t.loss_mask].tolist()) == {0} for t in trajs)
-    # The seed stream is fixed by (seed, actor_id).
-    a, b, c = (_actor(tokenizer, seed=s, actor_id=i) for s, i in ((11, 2), (11, 2), (11, 3)))
-    draws = [[x._next_group_member()[0] for _ in range(5)] for x in (a, b, c)]
-    assert draws[0] == draws[1] != draws[2]
+    # The seed stream is fixed by (seed, actor_id, incarnation); a restarted actor repeats no group.
+    a, b, c, d = (_actor(tokenizer, seed=s, actor_id=i, incarnation=k, group_size=1)
+                  for s, i, k in ((11, 2, 0), (11, 2, 0), (11, 3, 0), (11, 2, 1)))
+    draws = [[x._next_group_member() for _ in range(5)] for x in (a, b, c, d)]
+    assert draws[0] == draws[1]
+    seeds = [[s for s, _ in draw] for draw in draws]
+    assert seeds[0] != seeds[2] and seeds[0] != seeds[3]
+    assert [g for _, g in draws[3]] == [2 * GROUP_STRIDE + INCARNATION_STRIDE + k for k in range(5)]
 
 
 def test_env_failures_lose_episodes_not_the_actor(tokenizer):

@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 from launch.controller import actor_config, trainer_config
-from launch.loop import _episodes_per_actor
+from launch.supervisor import _episodes_per_actor
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -79,7 +79,7 @@ def test_sync_mode_asks_each_actor_for_whole_groups(batch, group, actors, expect
     (0, 0, 0, 0, 1, 4, 32),      # strictly on-policy
 ])
 def test_episode_budget(step, ahead, stale, dropped, actors, group, expected):
-    from launch.loop import episode_budget
+    from launch.supervisor import episode_budget
 
     got = episode_budget(step, batch_size=32, run_ahead=ahead, max_staleness=stale, dropped=dropped,
                          actors=actors, group_size=group)

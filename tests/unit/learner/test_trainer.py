@@ -169,15 +169,22 @@ def test_train_steps_raise_the_rewarded_tokens_probability(model_path, hf_model,
 
 
 def test_micro_batches_accumulate_to_the_same_update(model_path, hf_model):
-    trajectories = _batch(hf_model, 6)
-    weights = []
-    for micro in (0, 1):
+    """Micro-batches (rows sorted by length inside each mini-batch, each cut to its longest row)
+    give the whole mini-batch's update, computing less padding."""
+    trajectories = _batch(hf_model, 8)
+    weights, padding = [], []
+    for micro in (0, 1, 2):
         trainer = Trainer(_config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3,
                                   num_minibatches=2, micro_batch_size=micro))
-        trainer.train_step(trajectories, version=0)
+        padding.append(trainer.train_step(trajectories, version=0)["learner/padding"])
         weights.append(_weights(trainer))
-    for k, v in weights[1].items():
-        torch.testing.assert_close(v, weights[0][k], atol=1e-5, rtol=0, msg=k)
+    for w in weights[1:]:
+        for k, v in w.items():
+            torch.testing.assert_close(v, weights[0][k], atol=1e-5, rtol=0, msg=k)
+    lengths = np.array([len(t.token_ids) for t in trajectories])
+    halves = (slice(0, 4), slice(4, 8))  # one forward each, as wide as its longest row
+    assert padding[0] == pytest.approx(1 - lengths.sum() / sum(4 * lengths[h].max() for h in halves))
+    assert padding[1] == 0.0 and 0.0 <= padding[2] < padding[0]
 
 
 def test_empty_minibatches_are_skipped_and_bf16_trains(model_path, hf_model):
@@ -343,8 +350,8 @@ def test_two_ranks_train_like_one(model_path, hf_model, tmp_path):
         assert state1 == {} and set(state0) == set(want)
         for k, v in state0.items():
             torch.testing.assert_close(v, want[k], atol=1e-5, rtol=0, msg=f"{overrides}: {k}")
-        for m in (metrics0, metrics1, want_metrics):
-            del m["timing/step_s"], m["timing/prepare_s"]
+        for m in (metrics0, metrics1, want_metrics):  # padding: each rank's rows are cut apart
+            del m["timing/step_s"], m["timing/prepare_s"], m["learner/padding"]
         assert metrics0 == metrics1
         # Clip fractions count tokens on either side of a threshold: one token sitting on it
         # may fall either way under summation noise.
