@@ -88,7 +88,7 @@ def trainer_config(cfg, model_path: str) -> dict[str, Any]:
         "lr": lr.lr, "critic_lr": lr.critic_lr, "grad_clip": lr.grad_clip, "epochs": lr.epochs,
         "num_minibatches": lr.num_minibatches, "micro_batch_size": lr.micro_batch_size,
         "param_dtype": lr.param_dtype,
-        "critic_warmup": lr.critic_warmup,
+        "critic_warmup": lr.critic_warmup, "value_norm": lr.value_norm,
         "temperature": cfg.actors.temperature, "seed": cfg.seed, "vtrace": lr.vtrace, **algo,
     }
 

@@ -67,7 +67,14 @@ class TrainerConfig:
     """The first k train steps update only the critic (the policy keeps its weights): bi-level
     and masked GAE read a freshly initialised value head's token-to-token noise as advantages."""
     value_clip: float | None = 0.5
+    """Clip range of the value loss, in return units."""
     value_coef: float = 1.0
+    value_norm: bool = False
+    """The critic's head predicts returns normalised by running statistics of the policy tokens'
+    returns (V = std * head + mean). The first batch sets them, so a fresh head starts at the mean
+    return instead of 0; afterwards they follow an exponential moving average and the head is
+    rescaled to keep its predictions (PopArt). Without it, Adam moves a fresh head's output by
+    about lr per step: far too slow to reach returns of several units."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (the starting value when entropy_target is set)."""
     entropy_target: float | None = None

@@ -54,6 +54,8 @@ from learner.models import ValueModel, load_model, token_logprobs
 from learner.rows import Rows, count_units, split_rows, take_rows
 from transport.schema import Trajectory
 
+VALUE_NORM_DECAY = 0.9
+"""value_norm: weight of the running return statistics against each new batch's."""
 _WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".pt")
 
 
@@ -75,6 +77,8 @@ class Trainer:
         self.optim = self._adamw(self.policy, cfg.lr)
         self.entropy_coef = cfg.entropy_coef  # adapted after each step when entropy_target is set
         self.steps_done = 0  # train steps, for critic_warmup (checkpointed)
+        self.value_stats: tuple[float, float, float] | None = None
+        """value_norm's running (mean, second moment, std) of returns; None before the first batch."""
         self.critic = self.critic_optim = self.ref = None
         if cfg.estimator != "grpo":
             backbone = load_model(AutoModel, cfg.critic_path or cfg.model_path)
@@ -160,7 +164,7 @@ class Trainer:
             n, temperature = ids.shape[1], self.cfg.temperature
             logp_prox[part, :n] = token_logprobs(self.policy, ids, temperature)[0]
             if self.critic is not None:
-                values[part, :n] = self.critic(ids)
+                values[part, :n] = self._values(ids)
             if self.ref is not None:
                 logp_ref[part, :n] = token_logprobs(self.ref, ids, temperature)[0]
         rows = replace(rows, logp_prox=logp_prox, values=values, logp_ref=logp_ref)
@@ -179,7 +183,42 @@ class Trainer:
             adv = self._whiten(adv, mask)
         if self.critic is not None:
             metrics.exact["critic/explained_variance"] = _explained_variance(values, returns, mask)
+            if self.cfg.value_norm:
+                self._update_value_stats(returns, mask)
+                metrics.exact["critic/return_mean"], _, metrics.exact["critic/return_std"] = self.value_stats
         return replace(rows, advantages=adv, returns=returns)
+
+    def _values(self, ids: torch.Tensor) -> torch.Tensor:
+        """The critic's values in return units (value_norm: the head's output de-normalised)."""
+        raw = self.critic(ids)
+        if not self.cfg.value_norm or self.value_stats is None:
+            return raw
+        mean, _, std = self.value_stats
+        return torch.cat([raw[:, :1], raw[:, 1:] * std + mean], dim=1)  # position 0 stays 0
+
+    @torch.no_grad()
+    def _update_value_stats(self, returns: torch.Tensor, mask: torch.Tensor) -> None:
+        """Move the running statistics toward this batch's (all ranks' policy tokens) and rescale
+        the head so that its predictions in return units stay what they were (PopArt)."""
+        r = torch.where(mask, returns, 0.0).double()
+        sums = torch.stack([mask.sum().double(), r.sum(), (r * r).sum()])
+        dist.all_reduce(sums)
+        n, s1, s2 = sums.tolist()
+        if n == 0:
+            return
+        batch_mean, batch_sq = s1 / n, s2 / n
+        if self.value_stats is None:  # the fresh head (output ~0) starts at the mean return
+            mean, sq = batch_mean, batch_sq
+        else:
+            old_mean, old_sq, old_std = self.value_stats
+            mean = VALUE_NORM_DECAY * old_mean + (1 - VALUE_NORM_DECAY) * batch_mean
+            sq = VALUE_NORM_DECAY * old_sq + (1 - VALUE_NORM_DECAY) * batch_sq
+        std = math.sqrt(max(sq - mean * mean, 1e-4))
+        if self.value_stats is not None:
+            head = self.critic.head
+            head.weight.mul_(old_std / std)
+            head.bias.mul_(old_std / std).add_((old_mean - mean) / std)
+        self.value_stats = (mean, sq, std)
 
     def _advantages(self, rows: Rows, rewards: torch.Tensor, batch: Batch, index: torch.Tensor):
         """(advantages, returns) of this rank's rows; returns is None for grpo."""
@@ -268,9 +307,15 @@ class Trainer:
             metrics.add(f"policy/{key}", value, units)
 
     def _critic_backward(self, rows: Rows, scale: float, units: int, metrics) -> None:
-        mask = rows.batch.loss_mask
-        loss, stats = losses.value_loss(self.critic(rows.batch.token_ids), rows.values, rows.returns,
-                                        mask, clip=self.cfg.value_clip, agg=self.cfg.agg)
+        """The value loss; with value_norm in normalised units (targets, old values and the clip
+        range divided by the running std), where the head learns."""
+        mask, old, target, clip = rows.batch.loss_mask, rows.values, rows.returns, self.cfg.value_clip
+        if self.cfg.value_norm and self.value_stats is not None:
+            mean, _, std = self.value_stats
+            old, target = (old - mean) / std, (target - mean) / std
+            clip = None if clip is None else clip / std
+        loss, stats = losses.value_loss(self.critic(rows.batch.token_ids), old, target,
+                                        mask, clip=clip, agg=self.cfg.agg)
         (self.cfg.value_coef * scale * loss).backward()
         metrics.add("loss/value", float(loss.detach()), units)
         metrics.add("critic/clip_frac", stats["clip_frac"], units)
@@ -315,7 +360,8 @@ class Trainer:
         dcp.save(self._checkpoint_state(), checkpoint_id=str(path / "dcp"))
         if self.rank == 0:
             torch.save(dict(extra, _trainer={"entropy_coef": self.entropy_coef,
-                                               "steps_done": self.steps_done}), path / "extra.pt")
+                                               "steps_done": self.steps_done,
+                                               "value_stats": self.value_stats}), path / "extra.pt")
         dist.barrier()  # extra.pt exists on return, on every rank
 
     def load_checkpoint(self, path: str | Path) -> dict:
@@ -329,6 +375,7 @@ class Trainer:
         extra = torch.load(path / "extra.pt", weights_only=False)  # our own file
         own = extra.pop("_trainer")
         self.entropy_coef, self.steps_done = own["entropy_coef"], own["steps_done"]
+        self.value_stats = own.get("value_stats")
         return extra
 
     def save_hf(self, path: str | Path) -> None:

@@ -380,3 +380,40 @@ def test_every_algorithm_config_loads(path):
 def test_from_dict_rejects_bad_keys(bad, match):
     with pytest.raises(ValueError, match=match):
         TrainerConfig.from_dict({"model_path": "m", **bad})
+
+
+# --- 7. value normalisation -----------------------------------------------------------------
+
+def test_value_norm_rescales_the_head_without_moving_its_predictions(model_path, hf_model):
+    trainer = Trainer(_config(model_path, "vagen_full", value_norm=True))
+    ids, mask = _padded_ids(_batch(hf_model, 4))
+    returns = torch.where(mask, torch.linspace(0, 6, mask.shape[1]).expand_as(mask), 0.0)
+    raw = trainer._values(ids)
+    with torch.no_grad():
+        trainer._update_value_stats(returns, mask)  # first batch: the stats, no rescaling
+    mean, sq, std = trainer.value_stats
+    assert mean == pytest.approx(float(returns[mask].double().mean()))
+    assert std == pytest.approx(float(returns[mask].double().std(unbiased=False)), rel=1e-6)
+    torch.testing.assert_close(trainer._values(ids)[:, 1:], raw[:, 1:] * std + mean)
+    assert (trainer._values(ids)[:, 0] == 0).all()  # no prefix, no value
+    before = trainer._values(ids)
+    with torch.no_grad():
+        trainer._update_value_stats(returns * 3 + 5, mask)  # stats move: predictions stay
+    assert trainer.value_stats[0] == pytest.approx(0.9 * mean + 0.1 * (3 * mean + 5))
+    torch.testing.assert_close(trainer._values(ids), before, atol=1e-5, rtol=1e-5)
+
+
+def test_value_norm_lets_a_fresh_critic_fit_returns_of_several_units(model_path, hf_model):
+    """Critic-only steps on episodes worth 0 or 10 per turn: with value_norm the values reach the
+    returns' scale (explained variance 0.82 after 8 steps); without it 0.11."""
+    trajectories = _batch(hf_model, 8)
+    for t in trajectories:
+        t.turn_rewards = t.turn_rewards * 10
+    explained = {}
+    for norm in (False, True):
+        trainer = Trainer(_config(model_path, "vagen_full", critic_warmup=100, value_norm=norm, critic_lr=1e-3,
+                                  kl_in_reward=None))
+        for _ in range(8):
+            metrics = trainer.train_step(trajectories, version=0)
+        explained[norm] = metrics["critic/explained_variance"]
+    assert explained[False] < 0.3 and explained[True] > 0.6, explained
