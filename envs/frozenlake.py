@@ -147,7 +147,7 @@ def make_env(
     frozen_prob: float = 0.8,
     slippery: bool = False,
     max_solution_length: int | None = 5,
-    step_penalty: float = 0.0,
+    step_penalty: float = -0.1,
     **config,
 ) -> GridEnv:
     """FrozenLake as an Env; ``config`` holds GridEnv's settings (format, render, ...)."""
