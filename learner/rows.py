@@ -59,6 +59,17 @@ def split_rows(count: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
+def longest_first(index: torch.Tensor, lengths: torch.Tensor, minibatches: int) -> torch.Tensor:
+    """``index`` (global row indices, -1 for dummy rows) with each mini-batch's rows (the
+    ``split_rows`` slices) ordered longest first: micro-batches, each cut to its longest row,
+    then compute little padding. Which rows form a mini-batch is unchanged."""
+    size = torch.where(index >= 0, lengths[index.clamp(min=0)], 0)
+    out = index.clone()
+    for mb in split_rows(len(index), minibatches):
+        out[mb] = index[mb][torch.argsort(size[mb], descending=True, stable=True)]
+    return out
+
+
 def count_units(mask: torch.Tensor, agg: str) -> int:
     """What a loss with aggregation ``agg`` averages over: tokens, or sequences with tokens."""
     return int(mask.sum()) if agg == "token-mean" else int((mask.sum(-1) > 0).sum())

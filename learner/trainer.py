@@ -51,11 +51,10 @@ from learner import advantages, losses
 from learner.batch import Batch, collate, kl_penalty
 from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
 from learner.models import ValueModel, load_model, token_logprobs
-from learner.rows import Rows, count_units, split_rows, take_rows
+from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
+from learner.value_norm import ValueNorm
 from transport.schema import Trajectory
 
-VALUE_NORM_DECAY = 0.9
-"""value_norm: weight of the running return statistics against each new batch's."""
 _WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".pt")
 
 
@@ -77,8 +76,7 @@ class Trainer:
         self.optim = self._adamw(self.policy, cfg.lr)
         self.entropy_coef = cfg.entropy_coef  # adapted after each step when entropy_target is set
         self.steps_done = 0  # train steps, for critic_warmup (checkpointed)
-        self.value_stats: tuple[float, float, float] | None = None
-        """value_norm's running (mean, second moment, std) of returns; None before the first batch."""
+        self.value_norm = ValueNorm() if cfg.value_norm else None
         self.critic = self.critic_optim = self.ref = None
         if cfg.estimator != "grpo":
             backbone = load_model(AutoModel, cfg.critic_path or cfg.model_path)
@@ -113,7 +111,9 @@ class Trainer:
         if batch.loss_mask[:, 0].any():
             raise ValueError("a row starts with a policy token: there is no logit to score it")
         lengths = torch.tensor([len(t.token_ids) for t in trajectories])
-        index = self._by_length(self._my_rows(len(trajectories)), lengths)
+        index = self._my_rows(len(trajectories))
+        if self.cfg.micro_batch_size:  # micro-batches as narrow as their rows allow
+            index = longest_first(index, lengths, self.cfg.num_minibatches)
         rows = take_rows(batch, lengths, index, self.pad_id, self.device)
         metrics = _Metrics()
         rows = self._prepare(rows, batch, index, metrics)
@@ -134,18 +134,6 @@ class Trainer:
         mine = list(range(self.rank, n, self.world))
         count = max(-(-n // self.world), self.cfg.num_minibatches)
         return torch.tensor(mine + [-1] * (count - len(mine)), dtype=torch.int64)
-
-    def _by_length(self, index: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """With micro-batches: each mini-batch's rows longest first, so that a micro-batch (cut
-        to its longest row) computes little padding. Which rows form a mini-batch is unchanged."""
-        if not self.cfg.micro_batch_size:
-            return index
-        size = torch.where(index >= 0, lengths[index.clamp(min=0)], 0)
-        out = index.clone()
-        for mb in split_rows(len(index), self.cfg.num_minibatches):
-            order = torch.argsort(size[mb], descending=True, stable=True)
-            out[mb] = index[mb][order]
-        return out
 
     @torch.no_grad()
     def policy_logprobs(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -183,42 +171,15 @@ class Trainer:
             adv = self._whiten(adv, mask)
         if self.critic is not None:
             metrics.exact["critic/explained_variance"] = _explained_variance(values, returns, mask)
-            if self.cfg.value_norm:
-                self._update_value_stats(returns, mask)
-                metrics.exact["critic/return_mean"], _, metrics.exact["critic/return_std"] = self.value_stats
+            if self.value_norm is not None:
+                self.value_norm.update(returns, mask, self.critic.head)
+                metrics.exact["critic/return_mean"], _, metrics.exact["critic/return_std"] = self.value_norm.stats
         return replace(rows, advantages=adv, returns=returns)
 
     def _values(self, ids: torch.Tensor) -> torch.Tensor:
         """The critic's values in return units (value_norm: the head's output de-normalised)."""
         raw = self.critic(ids)
-        if not self.cfg.value_norm or self.value_stats is None:
-            return raw
-        mean, _, std = self.value_stats
-        return torch.cat([raw[:, :1], raw[:, 1:] * std + mean], dim=1)  # position 0 stays 0
-
-    @torch.no_grad()
-    def _update_value_stats(self, returns: torch.Tensor, mask: torch.Tensor) -> None:
-        """Move the running statistics toward this batch's (all ranks' policy tokens) and rescale
-        the head so that its predictions in return units stay what they were (PopArt)."""
-        r = torch.where(mask, returns, 0.0).double()
-        sums = torch.stack([mask.sum().double(), r.sum(), (r * r).sum()])
-        dist.all_reduce(sums)
-        n, s1, s2 = sums.tolist()
-        if n == 0:
-            return
-        batch_mean, batch_sq = s1 / n, s2 / n
-        if self.value_stats is None:  # the fresh head (output ~0) starts at the mean return
-            mean, sq = batch_mean, batch_sq
-        else:
-            old_mean, old_sq, old_std = self.value_stats
-            mean = VALUE_NORM_DECAY * old_mean + (1 - VALUE_NORM_DECAY) * batch_mean
-            sq = VALUE_NORM_DECAY * old_sq + (1 - VALUE_NORM_DECAY) * batch_sq
-        std = math.sqrt(max(sq - mean * mean, 1e-4))
-        if self.value_stats is not None:
-            head = self.critic.head
-            head.weight.mul_(old_std / std)
-            head.bias.mul_(old_std / std).add_((old_mean - mean) / std)
-        self.value_stats = (mean, sq, std)
+        return raw if self.value_norm is None else self.value_norm.denormalize(raw)
 
     def _advantages(self, rows: Rows, rewards: torch.Tensor, batch: Batch, index: torch.Tensor):
         """(advantages, returns) of this rank's rows; returns is None for grpo."""
@@ -310,10 +271,9 @@ class Trainer:
         """The value loss; with value_norm in normalised units (targets, old values and the clip
         range divided by the running std), where the head learns."""
         mask, old, target, clip = rows.batch.loss_mask, rows.values, rows.returns, self.cfg.value_clip
-        if self.cfg.value_norm and self.value_stats is not None:
-            mean, _, std = self.value_stats
-            old, target = (old - mean) / std, (target - mean) / std
-            clip = None if clip is None else clip / std
+        if self.value_norm is not None and self.value_norm.stats is not None:
+            old, target = self.value_norm.normalize(old), self.value_norm.normalize(target)
+            clip = None if clip is None else clip / self.value_norm.std
         loss, stats = losses.value_loss(self.critic(rows.batch.token_ids), old, target,
                                         mask, clip=clip, agg=self.cfg.agg)
         (self.cfg.value_coef * scale * loss).backward()
@@ -361,7 +321,8 @@ class Trainer:
         if self.rank == 0:
             torch.save(dict(extra, _trainer={"entropy_coef": self.entropy_coef,
                                                "steps_done": self.steps_done,
-                                               "value_stats": self.value_stats}), path / "extra.pt")
+                                               "value_stats": self.value_norm.stats if self.value_norm else None}),
+                       path / "extra.pt")
         dist.barrier()  # extra.pt exists on return, on every rank
 
     def load_checkpoint(self, path: str | Path) -> dict:
@@ -375,7 +336,8 @@ class Trainer:
         extra = torch.load(path / "extra.pt", weights_only=False)  # our own file
         own = extra.pop("_trainer")
         self.entropy_coef, self.steps_done = own["entropy_coef"], own["steps_done"]
-        self.value_stats = own.get("value_stats")
+        if self.value_norm is not None:
+            self.value_norm.stats = own.get("value_stats")
         return extra
 
     def save_hf(self, path: str | Path) -> None:

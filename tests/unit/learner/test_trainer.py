@@ -263,7 +263,8 @@ def _critic_weights(trainer) -> dict[str, torch.Tensor]:
 
 def test_checkpoint_round_trip_continues_identically(model_path, hf_model, tmp_path):
     first, second = _batch(hf_model, 4, seed=1), _batch(hf_model, 4, seed=2)
-    cfg = _config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3, entropy_target=10.0)  # > log(vocab)
+    cfg = _config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3, entropy_target=10.0,  # > log(vocab)
+                  value_norm=True)  # its running statistics must be restored too
     trainer = Trainer(cfg)
     trainer.train_step(first, version=0)
     assert trainer.entropy_coef > cfg.entropy_coef  # adapted, so the checkpoint must carry it
@@ -389,17 +390,15 @@ def test_value_norm_rescales_the_head_without_moving_its_predictions(model_path,
     ids, mask = _padded_ids(_batch(hf_model, 4))
     returns = torch.where(mask, torch.linspace(0, 6, mask.shape[1]).expand_as(mask), 0.0)
     raw = trainer._values(ids)
-    with torch.no_grad():
-        trainer._update_value_stats(returns, mask)  # first batch: the stats, no rescaling
-    mean, sq, std = trainer.value_stats
+    trainer.value_norm.update(returns, mask, trainer.critic.head)  # first batch: stats, no rescaling
+    mean, sq, std = trainer.value_norm.stats
     assert mean == pytest.approx(float(returns[mask].double().mean()))
     assert std == pytest.approx(float(returns[mask].double().std(unbiased=False)), rel=1e-6)
     torch.testing.assert_close(trainer._values(ids)[:, 1:], raw[:, 1:] * std + mean)
     assert (trainer._values(ids)[:, 0] == 0).all()  # no prefix, no value
     before = trainer._values(ids)
-    with torch.no_grad():
-        trainer._update_value_stats(returns * 3 + 5, mask)  # stats move: predictions stay
-    assert trainer.value_stats[0] == pytest.approx(0.9 * mean + 0.1 * (3 * mean + 5))
+    trainer.value_norm.update(returns * 3 + 5, mask, trainer.critic.head)  # stats move, predictions stay
+    assert trainer.value_norm.stats[0] == pytest.approx(0.9 * mean + 0.1 * (3 * mean + 5))
     torch.testing.assert_close(trainer._values(ids), before, atol=1e-5, rtol=1e-5)
 
 
