@@ -57,8 +57,8 @@ class MemoryMonitor:
                 continue
             total += rss
             kind, peak = self.peak_by_pid.get(p.pid, (None, 0))
-            if kind is None or kind.startswith("ray::"):  # a Ray worker takes its role later
-                kind = _kind(p)
+            if kind is None or kind == "other" or kind.startswith("ray::"):
+                kind = _kind(p)  # a pre-started Ray worker shows its role only once it has one
             current[kind] += rss
             self.peak_by_pid[p.pid] = (kind, max(peak, rss))
         self.peak_total = max(self.peak_total, total)

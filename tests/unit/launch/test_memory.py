@@ -30,6 +30,25 @@ def test_monitor_counts_a_child_that_allocates():
     assert max(v for k, v in report.items() if k != "memory/peak_total_gib") >= 250 / 1024
 
 
+def test_a_process_is_classified_again_once_it_takes_a_role():
+    """Ray pre-starts workers under a generic command line and retitles one when it becomes,
+    say, a learner: the monitor must follow (it used to keep such a learner under "other")."""
+    monitor = MemoryMonitor(os.getpid(), interval_s=60)
+    child = subprocess.Popen(["bash", "-c", 'r=ray; n=Learner; sleep 1.5; exec -a "${r}::${n}Worker" sleep 30'])
+    try:
+        monitor.sample()
+        assert monitor.peak_by_pid[child.pid][0] == "other"
+        deadline = time.time() + 10
+        while monitor.peak_by_pid[child.pid][0] != "LearnerWorker" and time.time() < deadline:
+            time.sleep(0.2)
+            monitor.sample()
+        assert "LearnerWorker" in monitor.current
+    finally:
+        child.kill()
+        child.wait()
+        monitor.close()
+
+
 def test_soak_growth_compares_medians_after_warmup_and_at_the_end():
     from tests.benchmarks.soak import growth
 
