@@ -153,14 +153,15 @@ def _warm_start_task(threads: int, *args, **kwargs) -> Path:
     return warm_start(*args, **kwargs)
 
 
-def start(cfg, model_path: str) -> tuple[Processes, dict[str, Any]]:
-    """Place and start the learner ranks and the actors; the actors join the weight group."""
+def start(cfg, model_path: str, procs: Processes) -> dict[str, Any]:
+    """Place and start the learner ranks and the actors into ``procs`` (filled as they are
+    created, so ``shutdown(procs)`` stops them also when starting fails half-way); the actors
+    join the weight group."""
     import ray
 
     from learner.worker import LearnerWorker
 
     placement = place(_nodes(), _roles(cfg))
-    procs = Processes()
     wcfg = {"trainer": trainer_config(cfg, model_path), "max_staleness": cfg.learner.max_staleness,
             "on_stale": cfg.learner.on_stale, "window_bytes": cfg.transport.window_bytes,
             "weight_timeout_s": cfg.transport.weight_timeout_s, "threads": cfg.learner.get("threads")}
@@ -182,11 +183,12 @@ def start(cfg, model_path: str) -> tuple[Processes, dict[str, Any]]:
                           "timeout_s": cfg.transport.weight_timeout_s}
     procs.actor_slots = placement.of("actor")
     procs.actor_configs = [actor_config(cfg, slot.index, model_path, stream) for slot in procs.actor_slots]
-    procs.actors = [_new_actor(procs, i) for i in range(len(procs.actor_slots))]
+    for i in range(len(procs.actor_slots)):
+        procs.actors.append(_new_actor(procs, i))
     procs.restarts = [0] * len(procs.actors)
     ray.get([a.start.remote() for a in procs.actors])
     _join_weight_group(procs)
-    return procs, {"placement": placement, "stream": stream, "weight_port": infos[0]["weight_port"]}
+    return {"placement": placement, "stream": stream, "weight_port": infos[0]["weight_port"]}
 
 
 def _new_actor(procs: Processes, index: int, incarnation: int = 0):

@@ -79,7 +79,7 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
             model_path = prepare_model(cfg, run_dir)
             summary["warm_start_s"] = round(time.perf_counter() - t0, 1)
-            procs, _ = start(cfg, model_path)
+            start(cfg, model_path, procs)
             summary.update(_run(cfg, run_dir, procs, logger, monitor, stop))
     finally:
         if monitor is not None:
