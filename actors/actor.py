@@ -87,10 +87,9 @@ class InferenceActor:
         self._update_lock: asyncio.Lock | None = None
         self._driver: asyncio.Task | None = None
         self._started = self._stopping = self._closed = False
-        life = self.cfg.incarnation
+        life = self.cfg.incarnation  # the first incarnation keeps the stream of (seed, actor_id)
         self._seed_rng = np.random.default_rng([self.cfg.seed, self.cfg.actor_id] + ([life] if life else []))
-        self._group_seed, self._group_id, self._member = 0, 0, 0
-        self._groups = life * INCARNATION_STRIDE
+        self._group_seed, self._group_id, self._member, self._groups = 0, 0, 0, life * INCARNATION_STRIDE
         self._episode_ids = itertools.count()
         self._request_ids = itertools.count()
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
@@ -369,9 +368,8 @@ class InferenceActor:
         Means over the ``n`` episodes that finished (env failures are left out).
         """
         self._require_started()
-        top_p = 1.0
         results = await asyncio.gather(*(
-            self._play(seed, -1, temperature, top_p, logprobs=False) for seed in seeds))
+            self._play(seed, -1, temperature, 1.0, logprobs=False) for seed in seeds))
         done = [r.metrics for r in results if r.trajectory is not None]
         out = {key: float(np.mean([m[key] for m in done])) if done else 0.0
                for key in ("success", "reward", "format_correct", "turns")}

@@ -38,8 +38,9 @@ class Processes:
     restarts: list = field(default_factory=list)
     """Times each actor was replaced after a crash."""
     actor_slots: list = field(default_factory=list)
-    """Each actor's placement slot (launch/placement.py) and its config (``actor_config``)."""
+    """Each actor's placement slot (launch/placement.py)."""
     actor_configs: list = field(default_factory=list)
+    """Each actor's config (``actor_config``), which a replacement starts from."""
     weight_group: dict = field(default_factory=dict)
     """host, port, world_size, timeout_s of the weight broadcast group (rank 0: the learner)."""
 

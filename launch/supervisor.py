@@ -48,12 +48,15 @@ class Supervisor:
     def set_budgets(self, step: int, *, dropped: int) -> None:
         import ray
 
-        c = self.cfg
-        self.budget = episode_budget(step, batch_size=c.train.batch_size, run_ahead=c.actors.run_ahead,
-                                     max_staleness=c.learner.max_staleness, dropped=dropped,
-                                     actors=len(self.procs.actors), group_size=c.actors.group_size)
+        self.budget = self._budget(step, dropped)
         ray.get([a.set_episode_budget.remote(self.budget - off)
                  for a, off in zip(self.procs.actors, self.offsets)])
+
+    def _budget(self, step: int, dropped: int) -> int:
+        c = self.cfg
+        return episode_budget(step, batch_size=c.train.batch_size, run_ahead=c.actors.run_ahead,
+                              max_staleness=c.learner.max_staleness, dropped=dropped,
+                              actors=len(self.procs.actors), group_size=c.actors.group_size)
 
     def check(self, version: int) -> None:
         """Replace every actor whose background run ended (runs end only by ``stop``)."""
@@ -113,9 +116,7 @@ class Supervisor:
             restart_actor(self.procs, i, self.cfg.actors.max_restarts, error)
         out = reform_weights(self.procs, version)
         if self.procs.runs:
-            fresh = episode_budget(0, batch_size=self.cfg.train.batch_size, run_ahead=self.cfg.actors.run_ahead,
-                                   max_staleness=self.cfg.learner.max_staleness, dropped=0,
-                                   actors=len(self.procs.actors), group_size=self.cfg.actors.group_size)
+            fresh = self._budget(0, 0)  # what a run starting now would get
             for i in failed:
                 self.offsets[i] = max(0, self.budget - fresh)
                 actor = self.procs.actors[i]

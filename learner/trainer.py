@@ -1,5 +1,6 @@
 """The learner's train step: FSDP2 policy, critic and reference model, one RL update (the
-configuration is learner/config.py, the models learner/models.py, a rank's rows learner/rows.py).
+configuration is learner/config.py, the models learner/models.py, a rank's rows learner/rows.py,
+its metrics learner/metrics.py).
 
 Called by ``learner/worker.py`` (one ``LearnerWorker`` per rank). Every public method is
 collective over the default process group, which the caller has initialised (gloo on CPU, nccl
@@ -32,7 +33,6 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,6 +50,7 @@ from torch.distributed.tensor import DTensor
 from learner import advantages, losses
 from learner.batch import Batch, collate, kl_penalty
 from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
+from learner.metrics import StepMetrics, batch_metrics, explained_variance
 from learner.models import ValueModel, load_model, token_logprobs
 from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
 from learner.value_norm import ValueNorm
@@ -115,12 +116,12 @@ class Trainer:
         if self.cfg.micro_batch_size:  # micro-batches as narrow as their rows allow
             index = longest_first(index, lengths, self.cfg.num_minibatches)
         rows = take_rows(batch, lengths, index, self.pad_id, self.device)
-        metrics = _Metrics()
+        metrics = StepMetrics()
         rows = self._prepare(rows, batch, index, metrics)
         t1 = time.perf_counter()
         self._update(rows, metrics)
         self.steps_done += 1
-        out = metrics.reduce(self.device) | _batch_metrics(batch, lengths, version)
+        out = metrics.reduce(self.device) | batch_metrics(batch, lengths, version)
         out["policy/entropy_coef"] = self.entropy_coef
         if self.cfg.entropy_target is not None and "policy/entropy" in out:  # same on every rank
             step = self.cfg.entropy_adapt_rate * (self.cfg.entropy_target - out["policy/entropy"])
@@ -170,7 +171,7 @@ class Trainer:
         if self.cfg.whiten_advantages:
             adv = self._whiten(adv, mask)
         if self.critic is not None:
-            metrics.exact["critic/explained_variance"] = _explained_variance(values, returns, mask)
+            metrics.exact["critic/explained_variance"] = explained_variance(values, returns, mask)
             if self.value_norm is not None:
                 self.value_norm.update(returns, mask, self.critic.head)
                 metrics.exact["critic/return_mean"], _, metrics.exact["critic/return_std"] = self.value_norm.stats
@@ -212,7 +213,7 @@ class Trainer:
         dist.all_reduce(sq)
         return (centred * torch.rsqrt(sq / (stats[1] - 1).clamp(min=1) + eps)).to(x.dtype)
 
-    def _update(self, rows: Rows, metrics: "_Metrics") -> None:
+    def _update(self, rows: Rows, metrics: StepMetrics) -> None:
         """epochs x num_minibatches optimizer steps of the policy (and the critic)."""
         minibatches = split_rows(rows.batch.token_ids.shape[0], self.cfg.num_minibatches)
         totals = torch.tensor([count_units(rows.select(mb).batch.loss_mask, self.cfg.agg)
@@ -356,52 +357,3 @@ class Trainer:
                 if f.is_file() and f.name != "config.json" and not f.name.endswith(_WEIGHT_FILES):
                     shutil.copy2(f, out / f.name)
         dist.barrier()
-
-
-# --- helpers --------------------------------------------------------------------------------
-
-
-def _explained_variance(values, returns, mask) -> float:
-    """1 - Var(returns - values) / Var(returns) over all ranks' policy tokens, before the update."""
-    y, r = (torch.where(mask, t, 0.0).double() for t in (returns, returns - values))
-    sums = torch.stack([mask.sum().double(), y.sum(), (y * y).sum(), r.sum(), (r * r).sum()])
-    dist.all_reduce(sums)
-    n, sy, syy, sr, srr = sums.tolist()
-    var_y, var_r = syy / max(n, 1) - (sy / max(n, 1)) ** 2, srr / max(n, 1) - (sr / max(n, 1)) ** 2
-    return 1.0 - var_r / var_y if var_y > 0 else math.nan
-
-
-def _batch_metrics(batch: Batch, lengths: torch.Tensor, version: int) -> dict[str, float]:
-    """Metrics of the whole batch (every rank has it)."""
-    staleness = (version - batch.policy_version[batch.loss_mask]).float()
-    return {
-        "policy/staleness_mean": float(staleness.mean()) if staleness.numel() else 0.0,
-        "policy/staleness_max": float(staleness.max()) if staleness.numel() else 0.0,
-        "rollout/score_mean": float(batch.scores.mean()),
-        "rollout/tokens": float(lengths.sum()),
-        "rollout/policy_tokens": float(batch.loss_mask.sum()),
-    }
-
-
-class _Metrics:
-    """Weighted means, summed over micro-batches and all-reduced over ranks. Every rank adds
-    the same keys; a non-finite value counts with weight 0 (NaN when nothing finite was added).
-    ``exact`` holds values that are already global (the same on every rank)."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = defaultdict(float)
-        self.weights: dict[str, float] = defaultdict(float)
-        self.exact: dict[str, float] = {}
-
-    def add(self, key: str, value: float, weight: float = 1.0) -> None:
-        ok = math.isfinite(value)
-        self.sums[key] += value * weight if ok else 0.0
-        self.weights[key] += weight if ok else 0.0
-
-    def reduce(self, device) -> dict[str, float]:
-        keys = sorted(self.sums)
-        t = torch.tensor([self.sums[k] for k in keys] + [self.weights[k] for k in keys],
-                         dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        s, w = t.tolist()[:len(keys)], t.tolist()[len(keys):]
-        return {k: s[i] / w[i] if w[i] > 0 else math.nan for i, k in enumerate(keys)} | self.exact

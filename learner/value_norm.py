@@ -1,8 +1,8 @@
 """Value normalisation for the critic (``TrainerConfig.value_norm``): running statistics of the
 returns, and the PopArt rescaling of the value head that keeps its predictions when they move.
 
-Called by learner/trainer.py. Invariants: statistics are over all ranks' policy tokens (sums
-all-reduced over the default process group, so every rank holds the same); the first batch sets
+Called by learner/trainer.py. Invariants: statistics are over all ranks' policy tokens
+(learner.metrics.global_moments, so every rank holds the same); the first batch sets
 them outright (a fresh head, whose output is about 0, then predicts the mean return); afterwards
 they follow an exponential moving average with weight ``DECAY`` on the past, and ``update``
 rescales the head in place so that ``std * head + mean`` is unchanged by the move.
@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from learner.metrics import global_moments
 
 DECAY = 0.9
 """Weight of the running statistics against each new batch's."""
@@ -44,18 +45,15 @@ class ValueNorm:
     @torch.no_grad()
     def update(self, returns: torch.Tensor, mask: torch.Tensor, head: nn.Linear) -> None:
         """Move the statistics toward this batch's and rescale ``head`` to keep its predictions."""
-        r = torch.where(mask, returns, 0.0).double()
-        sums = torch.stack([mask.sum().double(), r.sum(), (r * r).sum()])
-        dist.all_reduce(sums)
-        n, s1, s2 = sums.tolist()
+        n, ((batch_mean, batch_sq),) = global_moments(mask, returns)
         if n == 0:
             return
         if self.stats is None:
-            mean, sq = s1 / n, s2 / n
+            mean, sq = batch_mean, batch_sq
         else:
             old_mean, old_sq, old_std = self.stats
-            mean = DECAY * old_mean + (1 - DECAY) * s1 / n
-            sq = DECAY * old_sq + (1 - DECAY) * s2 / n
+            mean = DECAY * old_mean + (1 - DECAY) * batch_mean
+            sq = DECAY * old_sq + (1 - DECAY) * batch_sq
         std = math.sqrt(max(sq - mean * mean, MIN_VAR))
         if self.stats is not None:
             head.weight.mul_(old_std / std)

@@ -246,16 +246,26 @@ def test_silent_subscriber_times_out(cluster):
     publish_times_out(2)  # silent in a formed group: gloo waits for the receiver, even for bytes
 
 
-def test_killed_subscriber_raises_then_new_generation_recovers(cluster):
+def _two_subscribers_with_version(cluster, version: int):
+    """A group of the publisher and ranks 1, 2, all holding ``version``; returns (cluster, the
+    process of rank 2)."""
     c = cluster(3)
-    _, victim = c.spawn(1, 2, world_size=3, generation=0)
+    _, rank2 = c.spawn(1, 2, world_size=3, generation=0)
     c.tell("receive")
-    c.publisher.publish(_weights(1), version=1)
+    c.publisher.publish(_weights(version), version=version)
     assert all(r[0][0] == "ok" for r in c.collect().values())
+    return c, rank2
 
+
+def _kill(process) -> None:
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(timeout=5)
+
+
+def test_killed_subscriber_raises_then_new_generation_recovers(cluster):
+    c, victim = _two_subscribers_with_version(cluster, 1)
     c.tell("receive", ranks=[1])
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.join(timeout=5)
+    _kill(victim)
     start = time.monotonic()
     with pytest.raises(WeightSyncError, match="publish of version 2 failed"):
         c.publisher.publish(_weights(2), version=2)
@@ -277,13 +287,8 @@ def test_killed_subscriber_raises_then_new_generation_recovers(cluster):
 
 
 def test_restarted_worker_gets_the_current_version_again(cluster):
-    c = cluster(3)
-    _, victim = c.spawn(1, 2, world_size=3, generation=0)
-    c.tell("receive")
-    c.publisher.publish(_weights(4), version=4)
-    assert all(r[0][0] == "ok" for r in c.collect().values())
-    os.kill(victim.pid, signal.SIGKILL)  # dies between publishes: nothing failed yet
-    victim.join(timeout=5)
+    c, victim = _two_subscribers_with_version(cluster, 4)
+    _kill(victim)  # dies between publishes: nothing failed yet
 
     c.tell("join", c.publisher.reform(3), 3, ranks=[1])
     c.spawn(2)
