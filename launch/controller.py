@@ -142,7 +142,7 @@ def prepare_model(cfg, run_dir: Path) -> str:
         max(1, int(cpus)), str(path), str(out), env_name=cfg.env_name,
         env_config=OmegaConf.to_container(cfg.env, resolve=True), n_seeds=ws.seeds, seed_offset=0,
         action_noise=ws.action_noise, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
-        seed=cfg.seed)))
+        schedule=ws.schedule, warmup=ws.warmup, seed=cfg.seed)))
 
 
 def _warm_start_task(threads: int, *args, **kwargs) -> Path:

@@ -33,7 +33,8 @@ EVAL_SEED_OFFSET = 1_000_000
 def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
                env_config: Mapping[str, Any], n_seeds: int, seed_offset: int = 0,
                action_noise: float, steps: int, batch_size: int, lr: float, seed: int,
-               log_every: int = 10, eval_seeds: Sequence[int] = (), eval_every: int = 0,
+               schedule: str = "constant", warmup: int = 0, log_every: int = 10,
+               eval_seeds: Sequence[int] = (), eval_every: int = 0,
                max_new_tokens: int = 256) -> Path:
     """Fine-tune ``model_path`` on demonstrations of ``env_name``; returns ``out_dir``.
 
@@ -79,7 +80,8 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
         if eval_seeds:
             evaluate(0)
         train_sft(model, demos, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                  pad_id=tokenizer.pad_token_id, log_every=1, on_log=on_step)
+                  schedule=schedule, warmup=warmup, pad_id=tokenizer.pad_token_id, log_every=1,
+                  on_log=on_step)
         if eval_seeds:
             evaluate(steps)
     model.save_pretrained(out)
@@ -230,6 +232,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+                   help="learning rate: constant, or warm-up then cosine decay to 0")
+    p.add_argument("--warmup", type=int, default=0, help="warm-up steps (cosine)")
     p.add_argument("--seed", type=int, default=0, help="demonstration noise and batch order")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-seeds", type=int, default=0,
@@ -249,6 +254,7 @@ def main(argv: list[str] | None = None) -> Path:
     out = warm_start(args.model, args.out, env_name=args.env, env_config=env_config,
                      n_seeds=args.seeds, seed_offset=args.seed_offset, action_noise=args.noise,
                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                     schedule=args.schedule, warmup=args.warmup,
                      log_every=args.log_every, eval_seeds=eval_seeds, eval_every=args.eval_every,
                      max_new_tokens=args.max_new_tokens)
     for line in (out / "warm_start.jsonl").read_text().splitlines():

@@ -130,10 +130,14 @@ def turn_wise_gae(
     return tokens.put(adv, values.dtype), tokens.put(adv.add_(v), values.dtype)
 
 
-def grpo(scores: torch.Tensor, group_ids: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
+def grpo(scores: torch.Tensor, group_ids: torch.Tensor, *, eps: float = 1e-6,
+         scale: bool = True) -> torch.Tensor:
     """Group-normalised scores. Shape: scores (N,), group_ids (N,) ints -> advantages (N,).
 
     (s - mean of its group) / (unbiased std of its group + eps); a group of one gets 0.
+    ``scale=False`` keeps the mean-centred score (Dr. GRPO): a group whose scores differ only by
+    small rewards (format, step penalties: every rollout failed) then moves the policy in
+    proportion to those rewards instead of as much as a group where some rollouts succeeded.
     """
     if scores.shape != group_ids.shape or scores.dim() != 1:
         raise ValueError(f"scores {tuple(scores.shape)} and group_ids {tuple(group_ids.shape)} must be (N,)")
@@ -145,7 +149,8 @@ def grpo(scores: torch.Tensor, group_ids: torch.Tensor, *, eps: float = 1e-6) ->
     dev = s - mean[group]
     sq = torch.zeros_like(count).index_add_(0, group, dev * dev)
     std = (sq / (count - 1).clamp(min=1)).sqrt()
-    adv = torch.where(count[group] > 1, dev / (std[group] + eps), torch.zeros_like(dev))
+    scaled = dev / (std[group] + eps) if scale else dev
+    adv = torch.where(count[group] > 1, scaled, torch.zeros_like(dev))
     return adv.to(scores.dtype if scores.is_floating_point() else torch.float32)
 
 

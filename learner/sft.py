@@ -12,11 +12,14 @@ Invariants:
   no attention mask is needed; tokens off the mask have no influence on the loss except as
   context for later tokens;
 - ``train_sft`` is deterministic in ``seed`` (batch order); each step draws ``batch_size``
-  trajectories from a fresh shuffle of the data once the previous one is used up.
+  trajectories from a fresh shuffle of the data once the previous one is used up;
+- the learning rate of step s (1-based) is ``lr_at(s, ...)``: ``lr`` throughout (``constant``) or
+  a linear warm-up over ``warmup`` steps, then a cosine from ``lr`` down to 0 at the last step.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -50,9 +53,24 @@ def sft_loss(model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
                   "sft/tokens": float(tokens.numel())}
 
 
+SCHEDULES = ("constant", "cosine")
+
+
+def lr_at(step: int, *, lr: float, steps: int, schedule: str = "constant", warmup: int = 0) -> float:
+    """The learning rate of ``step`` (1..steps); see the module docstring."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if schedule == "constant":
+        return lr
+    if step <= warmup:
+        return lr * step / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
+
+
 def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_size: int,
               lr: float, seed: int, pad_id: int = 0, weight_decay: float = 0.0,
-              grad_clip: float = 1.0, log_every: int = 10,
+              grad_clip: float = 1.0, schedule: str = "constant", warmup: int = 0,
+              log_every: int = 10,
               on_log: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """``steps`` AdamW steps on mini-batches of ``trajectories``; returns every step's metrics.
 
@@ -61,6 +79,7 @@ def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_si
     if steps < 0 or batch_size < 1 or not trajectories:
         raise ValueError(f"need steps >= 0, batch_size >= 1 and trajectories, got {steps}, "
                          f"{batch_size}, {len(trajectories)}")
+    lr_at(1, lr=lr, steps=steps, schedule=schedule, warmup=warmup)  # a bad schedule fails here
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     model.train()
@@ -73,11 +92,14 @@ def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_si
         rows, order = order[:batch_size], order[batch_size:]
         batch = collate([trajectories[i] for i in rows], pad_id=pad_id)
         loss, metrics = sft_loss(model, batch)
+        step_lr = lr_at(step, lr=lr, steps=steps, schedule=schedule, warmup=warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = step_lr
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
         optimizer.step()
-        metrics.update({"step": float(step), "optim/grad_norm": float(norm), "optim/lr": lr,
+        metrics.update({"step": float(step), "optim/grad_norm": float(norm), "optim/lr": step_lr,
                         "time/step_s": time.perf_counter() - t0})
         history.append(metrics)
         if on_log is not None and (step % log_every == 0 or step == steps):

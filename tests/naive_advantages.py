@@ -105,7 +105,7 @@ def turn_wise_gae(rewards, values, mask, turn_end, *, gamma_turn, lam_turn, log_
     return torch.tensor(adv, dtype=torch.float64), torch.tensor(ret, dtype=torch.float64)
 
 
-def grpo(scores, group_ids, *, eps=1e-6):
+def grpo(scores, group_ids, *, eps=1e-6, scale=True):
     s, g = scores.tolist(), group_ids.tolist()
     out = []
     for i, x in enumerate(s):
@@ -115,7 +115,7 @@ def grpo(scores, group_ids, *, eps=1e-6):
             continue
         mean = sum(members) / len(members)
         std = math.sqrt(sum((m - mean) ** 2 for m in members) / (len(members) - 1))
-        out.append((x - mean) / (std + eps))
+        out.append((x - mean) / (std + eps) if scale else x - mean)
     return torch.tensor(out, dtype=torch.float64)
 
 

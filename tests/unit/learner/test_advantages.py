@@ -243,6 +243,20 @@ def test_grpo_matches_naive_and_is_normalised():
             assert members.std().item() == pytest.approx(1.0, abs=1e-4)
 
 
+def test_grpo_unscaled_keeps_the_scale_of_each_group():
+    # Group 4: mean 3 -> deviations -2, 0, 2; group 1 (all failed, format rewards 0.5 apart): mean
+    # 0.75 -> -0.25, 0.25. Scaled, both groups would give +-1 at their extremes.
+    scores = torch.tensor([1.0, 3.0, 5.0, 0.5, 1.0])
+    groups = torch.tensor([4, 4, 4, 1, 1])
+    adv = grpo(scores, groups, scale=False)
+    torch.testing.assert_close(adv, torch.tensor([-2.0, 0.0, 2.0, -0.25, 0.25]))
+    g = torch.Generator().manual_seed(12)
+    scores = torch.randn(100, generator=g, dtype=torch.float64)
+    groups = torch.randint(0, 20, (100,), generator=g)
+    torch.testing.assert_close(grpo(scores, groups, scale=False),
+                               naive.grpo(scores, groups, scale=False))
+
+
 def test_grpo_identical_scores_give_zero():
     adv = grpo(torch.full((4,), 2.5), torch.zeros(4, dtype=torch.long))
     assert torch.equal(adv, torch.zeros(4))

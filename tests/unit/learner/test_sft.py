@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from learner.batch import collate
-from learner.sft import sft_loss, train_sft
+from learner.sft import lr_at, sft_loss, train_sft
 from transport.schema import Trajectory
 
 
@@ -130,3 +130,30 @@ def test_train_sft_lowers_the_loss_on_demonstrations_and_is_deterministic():
     assert np.mean(losses[-3:]) < 0.6 * np.mean(losses[:3])
     assert history[-1]["sft/token_accuracy"] > history[0]["sft/token_accuracy"]
     assert losses == [h["sft/loss"] for h in runs[1]]
+
+
+def test_lr_schedules_by_hand():
+    constant = [lr_at(s, lr=0.1, steps=5) for s in range(1, 6)]
+    assert constant == [0.1] * 5
+    # Warm-up 2 of 6 steps: 0.05, 0.1; then cos over the 4 remaining: 1/2 (1 + cos(pi k / 4)).
+    cosine = [lr_at(s, lr=0.1, steps=6, schedule="cosine", warmup=2) for s in range(1, 7)]
+    expected = [0.05, 0.1] + [0.05 * (1 + math.cos(math.pi * k / 4)) for k in (1, 2, 3, 4)]
+    assert cosine == pytest.approx(expected)
+    assert cosine[-1] == pytest.approx(0.0, abs=1e-12) and cosine[3] == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="schedule"):
+        lr_at(1, lr=0.1, steps=5, schedule="linear")
+
+
+def test_train_sft_applies_the_schedule_to_the_optimizer():
+    model = Bigram(PROBS.log())
+    start = model.table.detach().clone()
+    tables = []
+    history = train_sft(model, [_trajectory([0, 1, 1, 2], [0, 1, 1, 1])], steps=4, batch_size=1,
+                        lr=0.2, seed=0, schedule="cosine", warmup=1, log_every=1,
+                        on_log=lambda m: tables.append(model.table.detach().clone()))
+    assert [h["optim/lr"] for h in history] == pytest.approx([0.2, 0.15, 0.05, 0.0], abs=1e-12)
+    # Adam's first step moves every parameter with a gradient by lr (m / sqrt(v) = sign(g)).
+    moved = (tables[0] - start).abs()
+    assert moved.max().item() == pytest.approx(0.2, rel=1e-4)
+    # The last step's lr is 0: it leaves the table as the third step did.
+    assert torch.equal(tables[3], tables[2]) and not torch.equal(tables[2], tables[1])
