@@ -12,14 +12,14 @@ logged SFT step (and of each evaluation, when asked for one).
 
 Seeds: demonstrations are played on ``[seed_offset, seed_offset + n_seeds)``; the RL run
 evaluates on ``[train.eval_seed_offset, ...)`` = ``[1_000_000, ...)`` (configs/train.yaml), so
-keep ``seed_offset + n_seeds`` below that. ``evaluate_hf`` here is the greedy transformers
-evaluation used to judge a warm start before and after (the RL run's evaluation uses vLLM).
+keep ``seed_offset + n_seeds`` below that. The warm start is judged before and after by
+``launch.hf_episodes.evaluate_hf``, greedy episodes with transformers (the RL run's evaluation
+uses vLLM).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -45,6 +45,7 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from actors.demonstrations import make_demonstrations
+    from launch.hf_episodes import evaluate_hf
     from learner.sft import train_sft
 
     if seed_offset + n_seeds > EVAL_SEED_OFFSET:
@@ -95,127 +96,6 @@ def _demo_summary(demos: list, seconds: float) -> dict[str, float]:
     return {"demo/episodes": len(demos), "demo/seconds": seconds, **means,
             "demo/tokens": sum(len(d.token_ids) for d in demos),
             "demo/policy_tokens": sum(int(d.loss_mask.sum()) for d in demos)}
-
-
-def evaluate_hf(model, tokenizer, env_name: str, env_config: Mapping[str, Any],
-                seeds: Sequence[int], max_new_tokens: int = 256, *,
-                batch_size: int = 16) -> dict[str, float]:
-    """Greedy episodes of ``env_name`` on ``seeds`` with transformers' ``generate``.
-
-    The episodes run through actors.episode.run_episode (the actor's turn loop) concurrently;
-    each round of answers is generated in batches of ``batch_size`` left-padded rows. Returns
-    the means of the episode metrics (``success``, ``format_correct``: share of turns, ``reward``,
-    ``turns``, ``generated_tokens``), the per-turn means of the reasoning judge's scores
-    (``observation_score``, ``prediction_score``, where the env's format and config have them),
-    ``episodes`` and ``seconds``.
-    """
-    from envs.registry import make
-
-    t0 = time.perf_counter()
-    envs = [make(env_name, **env_config) for _ in seeds]
-    batcher = _GreedyBatcher(model, tokenizer, max_new_tokens, batch_size, live=len(envs))
-    max_turns = getattr(envs[0], "max_turns", 100)  # the env ends its episodes itself
-    max_context = model.config.max_position_embeddings - max_new_tokens
-    envs = _InProcessEnvs(envs)
-    results = asyncio.run(_play_all(batcher, envs, list(seeds), tokenizer,
-                                    max_turns=max_turns, max_context=max_context))
-    keys = ("success", "format_correct", "reward", "turns", "generated_tokens")
-    played = [r.metrics for r in results if r.trajectory is not None]
-    summary = {k: sum(m[k] for m in played) / max(len(played), 1) for k in keys}
-    for name, scores in envs.scores.items():
-        summary[name] = sum(scores) / len(scores)
-    return {**summary, "episodes": float(len(played)), "seconds": time.perf_counter() - t0}
-
-
-async def _play_all(batcher, envs, seeds, tokenizer, **kwargs):
-    from actors.episode import run_episode
-
-    async def play(slot: int, seed: int):
-        try:
-            return await run_episode(batcher.generate, envs, slot, seed, tokenizer, **kwargs)
-        finally:
-            batcher.finished()
-
-    return await asyncio.gather(*(play(slot, seed) for slot, seed in enumerate(seeds)))
-
-
-class _InProcessEnvs:
-    """The EnvClient calls run_episode makes, over one in-process env per slot; it keeps every
-    turn's reasoning scores (``observation_score``, ``prediction_score``: the judge's score of
-    the <observation> and <prediction> sections, 0 for a turn out of format)."""
-
-    def __init__(self, envs: list) -> None:
-        self.envs = envs
-        self.scores: dict[str, list[float]] = {}
-
-    async def system_prompt(self, slot):
-        return self.envs[slot].system_prompt()
-
-    async def reset(self, slots, seeds):
-        return [self.envs[s].reset(seed) for s, seed in zip(slots, seeds)]
-
-    async def step(self, slots, texts):
-        results = [self.envs[s].step(text) for s, text in zip(slots, texts)]
-        for result in results:
-            for key, value in result.info["metrics"].items():
-                if key.startswith("reasoning/") and key.endswith("_score"):
-                    self.scores.setdefault(key.removeprefix("reasoning/"), []).append(value)
-        return results
-
-
-class _GreedyBatcher:
-    """A ``Generate`` for concurrent episodes: once every live episode waits for an answer, all
-    of them are answered together by greedy ``model.generate`` (log-probs 0, version 0)."""
-
-    def __init__(self, model, tokenizer, max_new_tokens: int, batch_size: int, live: int) -> None:
-        self.model, self.max_new_tokens, self.batch_size, self.live = (
-            model, max_new_tokens, batch_size, live)
-        self.eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
-        self.pending: list = []
-
-    async def generate(self, ids: list[int]):
-        future = asyncio.get_running_loop().create_future()
-        self.pending.append((ids, future))
-        self._flush()
-        return await future
-
-    def finished(self) -> None:
-        self.live -= 1
-        self._flush()
-
-    def _flush(self) -> None:
-        if not self.pending or len(self.pending) < self.live:
-            return
-        pending = sorted(self.pending, key=lambda p: len(p[0]))  # similar lengths pad less
-        self.pending = []
-        for i in range(0, len(pending), self.batch_size):
-            chunk = pending[i:i + self.batch_size]
-            for (_, future), gen in zip(chunk, self._generate([ids for ids, _ in chunk])):
-                future.set_result(gen)
-
-    def _generate(self, rows: list[list[int]]):
-        import torch
-
-        from actors.episode import Generation
-
-        device = next(self.model.parameters()).device
-        length = max(len(r) for r in rows)
-        ids = torch.full((len(rows), length), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
-        for b, row in enumerate(rows):
-            ids[b, length - len(row):] = torch.tensor(row)
-            mask[b, length - len(row):] = 1
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                max_new_tokens=self.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad)
-        gens = []
-        for new in out[:, length:].tolist():
-            stopped = self.eos in new
-            new = new[:new.index(self.eos) + 1] if stopped else new
-            gens.append(Generation(new, [0.0] * len(new), [0] * len(new), stopped=stopped))
-        return gens
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
