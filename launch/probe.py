@@ -3,8 +3,8 @@
 The same configuration as `python -m launch.train` (Hydra, the same overrides), played without
 Ray, vLLM, env workers or the trajectory stream: each step samples ``train.batch_size`` episodes
 (groups of ``actors.group_size`` per seed) with transformers' ``generate`` from the current
-policy, trains the learner's ``Trainer`` on them (one gloo rank), and copies the new weights into
-the sampling model. Synchronous and exactly on-policy. It answers "is it the algorithm or the
+policy, trains the learner's ``Trainer`` on them (one rank on ``learner.device``: gloo on CPU,
+nccl on GPU), and copies the new weights into the sampling model. Synchronous and exactly on-policy. It answers "is it the algorithm or the
 system?": if a setting does not learn here, no staleness, transport or engine is to blame.
 
 ``model.path`` must name a model (e.g. a run's ``warm-start/``): the probe does not warm-start.
@@ -48,7 +48,8 @@ def probe(cfg, out_dir: Path) -> float:
     with socket.socket() as s:  # a free port for the one-rank group
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    backend = "nccl" if str(cfg.learner.device).startswith("cuda") else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         return _probe(cfg, out_dir)
     finally:
@@ -64,10 +65,10 @@ def _probe(cfg, out_dir: Path) -> float:
     from learner.config import TrainerConfig
     from learner.trainer import Trainer
 
-    path = str(cfg.model.path)
-    trainer = Trainer(TrainerConfig.from_dict(trainer_config(cfg, path)))
+    path, device = str(cfg.model.path), str(cfg.learner.device)
+    trainer = Trainer(TrainerConfig.from_dict(trainer_config(cfg, path)), device=device)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    sampler = AutoModelForCausalLM.from_pretrained(path).eval()
+    sampler = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
     env_config = OmegaConf.to_container(cfg.env, resolve=True)
     ac, tr = cfg.actors, cfg.train
     eval_seeds = range(tr.eval_seed_offset, tr.eval_seed_offset + tr.eval_seeds)
