@@ -1,17 +1,16 @@
 """The inference actor: one vLLM AsyncLLM engine playing many multi-turn episodes at once.
 
-The launcher (launch/controller.py) wraps ``InferenceActor`` as an async Ray actor
-(``ray.remote(InferenceActor)``) and drives it: ``start``, ``join_weight_group``, then ``run`` in
-the background (or ``run(num_episodes=n)`` per step in sync mode), ``update_weights`` whenever the
-learner publishes, ``evaluate``, ``stats``, ``close``. No Ray here: every method is a plain
-coroutine, so tests drive the class with ``asyncio`` directly.
+launch/controller.py wraps ``InferenceActor`` as an async Ray actor and drives it: ``start``,
+``join_weight_group``, ``run`` in the background (or ``run(num_episodes=n)`` per step in sync
+mode), ``update_weights`` whenever the learner publishes, ``evaluate``, ``stats``, ``close``. No
+Ray here: every method is a plain coroutine, so tests drive the class with ``asyncio`` directly.
 
 Invariants:
-- Token in, token out: episodes are actors/episode.py's ``run_episode``; the model is reached
-  through a ``Generate`` that hands the engine the context's token ids and returns the sampled
-  ids with their ``processed_logprobs`` (log-softmax of logits / T: the distribution sampled
-  from). Nothing is re-tokenized. Batching across episodes is the engine's: each episode keeps
-  one request in flight, ``concurrency`` of them at once.
+- Token in, token out: episodes are actors/episode.py's ``run_episode``; the engine gets the
+  context's token ids (a VLM's images too, actors/vision.py; vLLM's expanded prompt is checked
+  against the context) and returns the sampled ids with their ``processed_logprobs``
+  (log-softmax of logits / T: the distribution sampled from). Nothing is re-tokenized. Batching
+  across episodes is the engine's: each episode keeps one request in flight.
 - Every policy token carries the weight version that sampled it, read from vLLM's per-request
   ``weight_versions`` spans; a weight update in flight therefore splits an answer cleanly.
 - An env failure (crashed or hung worker, env exception, service timeout) loses one episode and
@@ -20,9 +19,9 @@ Invariants:
   across actors and restarts (``actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + k``).
   Seeds come from a stream fixed by (``seed``, ``actor_id``, ``incarnation``), within
   ``train_seeds`` (keep it clear of the evaluation seeds).
-- Each episode holds one env slot; training and evaluation episodes share the slots.
-- Backpressure: a trajectory is sent from one sender thread and its episode counts against
-  ``concurrency`` until the learner has granted the credit to send it.
+- Each episode holds one env slot (training and evaluation episodes share them). Backpressure:
+  a trajectory is sent from one sender thread and its episode counts against ``concurrency``
+  until the learner has granted the credit to send it.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ import numpy as np
 
 from actors.config import ActorConfig
 from actors.episode import EpisodeResult, Generate, Generation, run_episode
+from actors.vision import VisionTokens, vllm_prompt
 from envs.pool import EnvPool
 from envs.registry import load_config
 from envs.service import EnvServiceError, LocalEnvClient, RemoteEnvClient
@@ -75,6 +75,7 @@ class InferenceActor:
         built, ``close`` closes them."""
         self.cfg = config if isinstance(config, ActorConfig) else ActorConfig.from_dict(config)
         self.engine, self.env, self.tokenizer = engine, env, tokenizer
+        self.vision: VisionTokens | None = None  # set with the engine: a VLM's image tokens
         self.version = self.cfg.initial_version
         self._pool: EnvPool | None = None
         self._sender: TrajectorySender | None = None
@@ -144,11 +145,13 @@ class InferenceActor:
         cfg = self.cfg
         if self.tokenizer is None:
             self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        self.vision = VisionTokens.from_pretrained(cfg.model_path)
+        images = {"limit_mm_per_prompt": {"image": cfg.max_turns, "video": 0}} if self.vision else {}
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
             model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
             kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,
             max_num_seqs=cfg.num_slots, logprobs_mode="processed_logprobs",
-            worker_extension_cls=EXTENSION, disable_log_stats=True))
+            worker_extension_cls=EXTENSION, disable_log_stats=True, **images))
 
     def _build_pool(self) -> EnvPool:
         name, overrides = self.cfg.env_name, self.cfg.env_config
@@ -194,10 +197,8 @@ class InferenceActor:
     # --- training episodes --------------------------------------------------------------------
     async def run(self, num_episodes: int | None = None) -> dict[str, Any]:
         """Play training episodes, ``concurrency`` at a time, sending each finished trajectory.
-
-        Returns after ``num_episodes`` have ended (sent or failed) or when ``stop`` is called;
-        returns ``stats()``. Raises what the engine raises; env failures only count.
-        """
+        Returns ``stats()`` after ``num_episodes`` have ended (sent or failed) or when ``stop`` is
+        called. Raises what the engine raises; env failures only count."""
         self._require_started()
         if self._driver is not None and not self._driver.done():
             raise RuntimeError("run is already going")
@@ -223,11 +224,9 @@ class InferenceActor:
 
     async def set_episode_budget(self, budget: int | None) -> None:
         """Allow at most ``budget`` training episodes started and not failed (None: no limit).
-
-        The controller raises it as the learner consumes batches, so the actor runs at most a
-        few batches ahead of the learner: its episodes then start close to the weights that
-        will train on them, instead of filling the buffer with trajectories the staleness
-        bound would drop.
+        The controller raises it as the learner consumes batches, so the actor runs a few
+        batches ahead of the learner at most: its episodes start close to the weights that will
+        train on them, instead of filling the buffer with trajectories the staleness bound drops.
         """
         self._budget = budget
         if self._budget_changed is not None:
@@ -284,7 +283,7 @@ class InferenceActor:
                 self._generator(temperature, top_p, logprobs), self.env, slot, seed, self.tokenizer,
                 max_turns=self.cfg.max_turns, max_context=self.cfg.max_context, run_id=self.cfg.run_id,
                 actor_id=self.cfg.actor_id, episode_id=next(self._episode_ids), group_id=group_id,
-                env_name=self.cfg.env_name)
+                env_name=self.cfg.env_name, vision=self.vision)
         except EnvServiceError as e:  # the remote service answered with an error: only this episode
             log.warning("env service error on slot %d: %s", slot, e)
             return EpisodeResult(None, failure="env_service_error")
@@ -293,21 +292,22 @@ class InferenceActor:
 
     # --- generation ---------------------------------------------------------------------------
     def _generator(self, temperature: float, top_p: float, logprobs: bool) -> Generate:
-        async def generate(ids: list[int]) -> Generation:
+        async def generate(ids: list[int], images: list[np.ndarray]) -> Generation:
             params = _sampling_params(temperature=temperature, top_p=top_p, detokenize=False,
                                     max_tokens=min(self.cfg.max_tokens, self.cfg.max_context - len(ids)),
                                     logprobs=0 if logprobs else None)
-            request_id = f"actor{self.cfg.actor_id}-{next(self._request_ids)}"
-            final = None
+            request_id, final = f"actor{self.cfg.actor_id}-{next(self._request_ids)}", None
             self._busy(+1)
             try:
-                async for final in self.engine.generate({"prompt_token_ids": ids}, params, request_id):
+                async for final in self.engine.generate(vllm_prompt(ids, images, self.vision),
+                                                        params, request_id):
                     pass
             finally:
                 self._busy(-1)
-            gen = Generation.from_vllm(final.outputs[0], self.version, logprobs)
-            self.counts["tokens_generated"] += len(gen.token_ids)
-            return gen
+            if images and list(final.prompt_token_ids) != ids:
+                raise RuntimeError("vLLM expanded the images into other tokens than the context's")
+            self.counts["tokens_generated"] += len(final.outputs[0].token_ids)
+            return Generation.from_vllm(final.outputs[0], self.version, logprobs)
 
         return generate
 
@@ -353,6 +353,8 @@ class InferenceActor:
             if got != version:  # label the truth: the tokens are sampled with what arrived
                 log.warning("actor %d asked for version %d, received %d", self.cfg.actor_id, version, got)
             await self.engine.reset_prefix_cache(reset_running_requests=True)
+            if self.vision is not None:  # image embeddings made by the old vision tower
+                await self.engine.reset_encoder_cache()
             await self.engine.update_weight_version(str(got))
             self.version = got
             await self.engine.resume_generation()
@@ -363,13 +365,10 @@ class InferenceActor:
 
     # --- evaluation and statistics ------------------------------------------------------------
     async def evaluate(self, seeds: list[int], temperature: float = 0.0) -> dict[str, float]:
-        """Episodes on held-out ``seeds`` (greedy by default), not sent to the learner.
-
-        Means over the ``n`` episodes that finished (env failures are left out).
-        """
+        """Episodes on held-out ``seeds`` (greedy by default), not sent to the learner. Means
+        over the ``n`` episodes that finished (env failures are left out)."""
         self._require_started()
-        results = await asyncio.gather(*(
-            self._play(seed, -1, temperature, 1.0, logprobs=False) for seed in seeds))
+        results = await asyncio.gather(*(self._play(seed, -1, temperature, 1.0, False) for seed in seeds))
         done = [r.metrics for r in results if r.trajectory is not None]
         out = {key: float(np.mean([m[key] for m in done])) if done else 0.0
                for key in ("success", "reward", "format_correct", "turns")}

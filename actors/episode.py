@@ -21,13 +21,15 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from envs.service import EnvClient
 from envs.wire import EpisodeFailure
+from actors.vision import VisionTokens
+from transport.images import encode_image, expand_pads
 from transport.schema import Trajectory
 
 _PROBE = "\x00probe\x00"
@@ -58,15 +60,17 @@ class Generation:
         return cls(ids, lps, versions, stopped=out.finish_reason == "stop")
 
 
-Generate = Callable[[list[int]], Awaitable[Generation]]
-"""Given the full context's token ids, sample the next answer."""
+Generate = Callable[[list[int], list[np.ndarray]], Awaitable[Generation]]
+"""Given the full context's token ids and its images, sample the next answer."""
 
 
 class ChatContext:
     """The growing token sequence of one episode and its per-token records."""
 
-    def __init__(self, tokenizer, system_prompt: str | None) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, system_prompt: str | None, vision: VisionTokens | None = None) -> None:
+        self.tokenizer, self.vision = tokenizer, vision
+        self.images: list[np.ndarray] = []
+        """Every image of the context, in order (RGB uint8): one pad run each in ``token_ids``."""
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.token_ids: list[int] = []
         self.loss_mask: list[bool] = []
@@ -76,15 +80,24 @@ class ChatContext:
         self.turns = 0
         self._glue, self._eot = _template_glue(tokenizer, self.system)
 
-    def add_observation(self, text: str) -> None:
-        """Append the next user turn and the assistant header the model answers after."""
+    def add_observation(self, text: str, images: Sequence[np.ndarray] = ()) -> None:
+        """Append the next user turn and the assistant header the model answers after; each
+        ``<image>`` of ``text`` becomes the model's pad run for the next of ``images``."""
+        if images:
+            if self.vision is None:
+                raise ValueError("the observation has images but the model has no image processor")
+            text = self.vision.render(text, len(images))
         if not self.token_ids:
             rendered = self.tokenizer.apply_chat_template(
                 [*self.system, {"role": "user", "content": text}],
                 add_generation_prompt=True, tokenize=False)
         else:
             rendered = self._glue + _render_user(self.tokenizer, self.system, text)
-        self._extend_env(self.tokenizer.encode(rendered, add_special_tokens=False))
+        ids = self.tokenizer.encode(rendered, add_special_tokens=False)
+        if images:
+            ids = expand_pads(ids, self.vision.pad_id, [self.vision.count(im) for im in images])
+            self.images += images
+        self._extend_env(ids)
 
     def add_generation(self, gen: Generation) -> None:
         """Append the model's answer as policy tokens; close the turn if the model did not."""
@@ -122,6 +135,7 @@ class ChatContext:
             behaviour_logprobs=np.asarray(self.logprobs, dtype=np.float32),
             policy_version=np.asarray(self.versions, dtype=np.int32),
             turn_rewards=np.asarray(turn_rewards, dtype=np.float32),
+            images=[encode_image(im) for im in self.images],
             **fields,
         )
 
@@ -163,7 +177,8 @@ class EpisodeResult:
 
 async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, tokenizer, *,
                       max_turns: int, max_context: int, run_id: str = "", actor_id: int = 0,
-                      episode_id: int = 0, group_id: int = 0, env_name: str = "") -> EpisodeResult:
+                      episode_id: int = 0, group_id: int = 0, env_name: str = "",
+                      vision: VisionTokens | None = None) -> EpisodeResult:
     """Play one episode on ``slot`` from ``seed``; see the module docstring for what is recorded.
 
     The episode ends when the env says done, after ``max_turns`` answers, or when the context
@@ -175,17 +190,17 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
     if isinstance(system, EpisodeFailure) or isinstance(obs, EpisodeFailure):
         reason = system.reason if isinstance(system, EpisodeFailure) else obs.reason
         return EpisodeResult(None, failure=reason)
-    ctx = ChatContext(tokenizer, system)
+    ctx = ChatContext(tokenizer, system, vision)
     rewards: list[float] = []
     success = format_ok = 0.0
     gen_s = env_s = 0.0
     generated = 0
     for _ in range(max_turns):
-        ctx.add_observation(obs.text)
+        ctx.add_observation(obs.text, obs.images)
         if len(ctx.token_ids) >= max_context:
             break
         t = time.perf_counter()
-        gen = await generate(ctx.token_ids)
+        gen = await generate(ctx.token_ids, ctx.images)
         gen_s += time.perf_counter() - t
         text = ctx.answer_text(gen)
         ctx.add_generation(gen)

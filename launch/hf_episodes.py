@@ -111,7 +111,9 @@ class Batcher:
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
         self.pending: list = []
 
-    async def generate(self, ids: list[int]):
+    async def generate(self, ids: list[int], images: list = ()):
+        if images:
+            raise ValueError("launch.hf_episodes plays text episodes only (the observation has images)")
         future = asyncio.get_running_loop().create_future()
         self.pending.append((ids, future))
         self._flush()

@@ -41,7 +41,7 @@ def scripted(tokenizer, answers: list[str], version: int = 7, stop: bool = True)
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     seen = []
 
-    async def generate(ids):
+    async def generate(ids, images):
         seen.append(list(ids))
         toks = tokenizer.encode(answers[len(seen) - 1], add_special_tokens=False) + ([eos] if stop else [])
         return Generation(toks, [-0.25] * len(toks), [version] * len(toks), stopped=stop)

@@ -1,0 +1,87 @@
+"""Images in an episode's context: the ids are the model's own processor's ids, turn after turn,
+and the vLLM request is the same context with each image's pad run collapsed."""
+
+import numpy as np
+import pytest
+
+import envs
+from actors.episode import ChatContext, Generation
+from actors.vision import VisionTokens, vllm_prompt
+from envs.registry import load_config
+from launch.tiny_model import build_tiny_model
+from transport.images import decode_image
+
+
+@pytest.fixture(scope="module")
+def vl_path(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("vl"), vision=True, seed=0))
+
+
+@pytest.fixture(scope="module")
+def image_env():
+    return envs.make("frozenlake", **(load_config("frozenlake") | {"render": "image", "image_size": 64}))
+
+
+def test_text_model_has_no_vision_tokens(tmp_path):
+    assert VisionTokens.from_pretrained(str(build_tiny_model(tmp_path, seed=0))) is None
+
+
+def test_first_observation_matches_the_processor(vl_path, image_env):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(vl_path)
+    vision = VisionTokens.from_pretrained(vl_path)
+    obs = image_env.reset(3)
+    assert len(obs.images) == 1
+    ctx = ChatContext(processor.tokenizer, image_env.system_prompt(), vision)
+    ctx.add_observation(obs.text, obs.images)
+
+    messages = [{"role": "system", "content": image_env.system_prompt()},
+                {"role": "user", "content": obs.text.replace("<image>", vision.placeholder)}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    expected = processor(text=[text], images=obs.images, return_tensors="np")["input_ids"][0]
+    assert ctx.token_ids == expected.tolist()
+    assert ctx.token_ids.count(vision.pad_id) == vision.count(obs.images[0]) > 1
+
+
+def test_images_accumulate_over_turns(vl_path, image_env):
+    from transformers import AutoTokenizer
+
+    vision = VisionTokens.from_pretrained(vl_path)
+    tokenizer = AutoTokenizer.from_pretrained(vl_path)
+    obs = image_env.reset(5)
+    ctx = ChatContext(tokenizer, image_env.system_prompt(), vision)
+    ctx.add_observation(obs.text, obs.images)
+    answer = tokenizer.encode("<answer>Left</answer>", add_special_tokens=False)
+    ctx.add_generation(Generation(answer, [-0.5] * len(answer), [0] * len(answer), stopped=False))
+    second = image_env.step("<answer>Left</answer>").observation
+    ctx.add_observation(second.text, second.images)
+    assert len(ctx.images) == 2
+
+    request = vllm_prompt(ctx.token_ids, ctx.images, vision)
+    n = vision.count(obs.images[0])
+    assert request["prompt_token_ids"].count(vision.pad_id) == 2
+    assert len(request["prompt_token_ids"]) == len(ctx.token_ids) - 2 * (n - 1)
+    assert len(request["multi_modal_data"]["image"]) == 2
+    with pytest.raises(ValueError, match="2 image pad runs in the context for 1 images"):
+        vllm_prompt(ctx.token_ids, ctx.images[:1], vision)
+
+    traj = ctx.to_trajectory([0.0], run_id="r", actor_id=0, episode_id=0, env_name="frozenlake",
+                             seed=5, group_id=0)
+    assert len(traj.images) == 2
+    for sent, image in zip(traj.images, (obs.images[0], second.images[0])):
+        np.testing.assert_array_equal(decode_image(sent), image)
+
+
+def test_images_without_a_vision_model_raise(vl_path, image_env):
+    from transformers import AutoTokenizer
+
+    obs = image_env.reset(1)
+    ctx = ChatContext(AutoTokenizer.from_pretrained(vl_path), None)
+    with pytest.raises(ValueError, match="no image processor"):
+        ctx.add_observation(obs.text, obs.images)
+    with pytest.raises(ValueError, match="no image processor"):
+        vllm_prompt([1, 2], obs.images, None)
+    vision = VisionTokens.from_pretrained(vl_path)
+    with pytest.raises(ValueError, match="placeholders for 2 images"):
+        vision.render(obs.text, 2)
