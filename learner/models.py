@@ -21,16 +21,18 @@ class ValueModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self._no_split_modules = backbone._no_split_modules
-        hidden = backbone.config.hidden_size
+        config = backbone.config
+        hidden = getattr(config, "text_config", config).hidden_size  # a VLM's: its language model's
         self.head = nn.Linear(hidden, 1)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             nn.init.normal_(self.head.weight, std=1.0 / (hidden + 1))
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Shape: (B, L) -> (B, L) float32; values[:, i] is V(prefix before token i), 0 at i = 0."""
-        hidden = self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, **inputs) -> torch.Tensor:
+        """Shape: (B, L) -> (B, L) float32; values[:, i] is V(prefix before token i), 0 at i = 0.
+        ``inputs``: more of the backbone's (a VLM's image inputs)."""
+        hidden = self.backbone(input_ids=input_ids, use_cache=False, **inputs).last_hidden_state
         return F.pad(self.head(hidden).squeeze(-1).float()[:, :-1], (1, 0))
 
 
@@ -39,10 +41,11 @@ def load_model(auto_cls, path: str) -> nn.Module:
     return auto_cls.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def token_logprobs(model, ids, temperature, *, entropy=False, entropy_grad=False):
+def token_logprobs(model, ids, temperature, *, entropy=False, entropy_grad=False, inputs=None):
     """(log-prob of each token, entropy of the distribution it was drawn from), each (B, L) with
-    0 at position 0: position i - 1's logits / temperature predict token i."""
-    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature
+    0 at position 0: position i - 1's logits / temperature predict token i. ``inputs``: more
+    keyword arguments of the model's forward (a VLM's image inputs)."""
+    logits = model(input_ids=ids, use_cache=False, **(inputs or {})).logits[:, :-1].float() / temperature
     logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     ent = None
     if entropy:

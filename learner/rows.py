@@ -26,21 +26,27 @@ class Rows:
     logp_ref: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    vision: list | None = None
+    """(m,) entries of learner.vision ``Encoded`` (a VLM's processed images), None: no images."""
 
     def select(self, rows: slice) -> "Rows":
         """Rows ``rows``, trimmed to the longest of them."""
         length = max(int(self.lengths[rows].max()), 1)
 
-        def cut(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x[rows, :length] if x.dim() == 2 else x[rows]
+        def cut(x: torch.Tensor | list | None) -> torch.Tensor | list | None:
+            if x is None or isinstance(x, list):
+                return None if x is None else x[rows]
+            return x[rows, :length] if x.dim() == 2 else x[rows]
 
         batch = Batch(**{f.name: cut(getattr(self.batch, f.name)) for f in fields(Batch)})
         return replace(self, batch=batch, **{f.name: cut(getattr(self, f.name))
                                              for f in fields(self) if f.name != "batch"})
 
 
-def take_rows(batch: Batch, lengths: torch.Tensor, index: torch.Tensor, pad_id: int, device) -> Rows:
-    """Rows ``index`` of the batch on ``device``; index -1 gives a dummy row (no policy tokens)."""
+def take_rows(batch: Batch, lengths: torch.Tensor, index: torch.Tensor, pad_id: int, device,
+              vision: list | None = None) -> Rows:
+    """Rows ``index`` of the batch on ``device``; index -1 gives a dummy row (no policy tokens).
+    ``vision``: the whole batch's processed images per row, or None."""
     real, src = index >= 0, index.clamp(min=0)
     fill = {"token_ids": pad_id, "loss_mask": False, "turn_end": False, "behaviour_logprobs": 0.0,
             "policy_version": -1, "token_rewards": 0.0, "scores": 0.0, "group_ids": -1}
@@ -49,7 +55,8 @@ def take_rows(batch: Batch, lengths: torch.Tensor, index: torch.Tensor, pad_id: 
         x = getattr(batch, name)[src].clone()
         x[~real] = value
         taken[name] = x.to(device)
-    rows = Rows(Batch(**taken), torch.where(real, lengths[src], 0))
+    mine = None if vision is None else [vision[i] if i >= 0 else None for i in index.tolist()]
+    rows = Rows(Batch(**taken), torch.where(real, lengths[src], 0), vision=mine)
     return rows.select(slice(None))
 
 

@@ -20,6 +20,8 @@ Invariants:
 - token i's log-prob comes from the logits at position i - 1 divided by the sampling temperature,
   and values[:, i] is the critic's value of the prefix before token i (also read at i - 1);
   so the first token of a row is never a policy token;
+- a vision-language policy (its config has a ``vision_config``) gets every forward's image
+  inputs from its rows' images (learner/vision.py), the same for policy, critic and reference;
 - dropout stays off (eval mode): before the first optimizer step, pi == pi_prox exactly;
 - advantages are whitened over the policy tokens of the whole batch (sums all-reduced);
   returns = advantages + values, taken before whitening;
@@ -52,6 +54,7 @@ from learner.batch import Batch, collate, kl_penalty
 from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
 from learner.metrics import StepMetrics, batch_metrics, explained_variance
 from learner.models import ValueModel, load_model, token_logprobs
+from learner.vision import ImageInputs, is_vision_config
 from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
 from learner.value_norm import ValueNorm
 from transport.schema import Trajectory
@@ -63,7 +66,7 @@ class Trainer:
     """FSDP2 models and optimizers of one learner rank; see the module docstring."""
 
     def __init__(self, cfg: TrainerConfig, *, device: torch.device | str = "cpu") -> None:
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModel
 
         self.cfg, self.device = cfg, torch.device(device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -71,9 +74,12 @@ class Trainer:
         self._mp = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[cfg.param_dtype],
                                         reduce_dtype=torch.float32)
         self.hf_config = AutoConfig.from_pretrained(cfg.model_path)
-        pad = getattr(self.hf_config, "pad_token_id", None)
+        text_config = getattr(self.hf_config, "text_config", self.hf_config)
+        pad = getattr(self.hf_config, "pad_token_id", None) or getattr(text_config, "pad_token_id", None)
         self.pad_id = 0 if pad is None else int(pad)
-        self.policy = self._shard(load_model(AutoModelForCausalLM, cfg.model_path))
+        # A vision-language model: its image processor turns trajectories' images into inputs.
+        self.images = ImageInputs(cfg.model_path) if is_vision_config(self.hf_config) else None
+        self.policy = self._shard(load_model(self._policy_class(), cfg.model_path))
         self.optim = self._adamw(self.policy, cfg.lr)
         self.entropy_coef = cfg.entropy_coef  # adapted after each step when entropy_target is set
         self.steps_done = 0  # train steps, for critic_warmup (checkpointed)
@@ -84,7 +90,12 @@ class Trainer:
             self.critic = self._shard(ValueModel(backbone, seed=cfg.seed).eval())
             self.critic_optim = self._adamw(self.critic, cfg.critic_lr)
         if cfg.kl_in_reward or cfg.kl_loss:
-            self.ref = self._shard(load_model(AutoModelForCausalLM, cfg.model_path).requires_grad_(False))
+            self.ref = self._shard(load_model(self._policy_class(), cfg.model_path).requires_grad_(False))
+
+    def _policy_class(self):
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        return AutoModelForCausalLM if self.images is None else AutoModelForImageTextToText
 
     def _shard(self, model: nn.Module) -> nn.Module:
         """fully_shard each decoder layer (HF ``_no_split_modules``), then the root."""
@@ -105,8 +116,12 @@ class Trainer:
         """One update on ``trajectories`` (the same list on every rank) by the learner at
         ``version``; returns flat metrics, identical on every rank."""
         t0 = time.perf_counter()
+        vision = None
         if any(t.images for t in trajectories):
-            raise ValueError("trajectories with images are not supported by the trainer yet")
+            if self.images is None:
+                raise ValueError(f"trajectories with images, but {self.cfg.model_path} is not a "
+                                 "vision-language model")
+            vision = self.images.encode(trajectories)
         batch = collate(trajectories, multi_turn_reward=self.cfg.multi_turn_reward,
                         pad_id=self.pad_id)
         if batch.loss_mask[:, 0].any():
@@ -115,7 +130,7 @@ class Trainer:
         index = self._my_rows(len(trajectories))
         if self.cfg.micro_batch_size:  # micro-batches as narrow as their rows allow
             index = longest_first(index, lengths, self.cfg.num_minibatches)
-        rows = take_rows(batch, lengths, index, self.pad_id, self.device)
+        rows = take_rows(batch, lengths, index, self.pad_id, self.device, vision)
         metrics = StepMetrics()
         rows = self._prepare(rows, batch, index, metrics)
         t1 = time.perf_counter()
@@ -149,13 +164,14 @@ class Trainer:
         shape = rows.batch.token_ids.shape
         logp_prox, values, logp_ref = (torch.zeros(shape, device=self.device) for _ in range(3))
         for part in self._chunks(shape[0]):
-            ids = rows.select(part).batch.token_ids
+            chunk = rows.select(part)
+            ids, inputs = chunk.batch.token_ids, self._inputs(chunk)
             n, temperature = ids.shape[1], self.cfg.temperature
-            logp_prox[part, :n] = token_logprobs(self.policy, ids, temperature)[0]
+            logp_prox[part, :n] = token_logprobs(self.policy, ids, temperature, inputs=inputs)[0]
             if self.critic is not None:
-                values[part, :n] = self._values(ids)
+                values[part, :n] = self._values(ids, inputs)
             if self.ref is not None:
-                logp_ref[part, :n] = token_logprobs(self.ref, ids, temperature)[0]
+                logp_ref[part, :n] = token_logprobs(self.ref, ids, temperature, inputs=inputs)[0]
         rows = replace(rows, logp_prox=logp_prox, values=values, logp_ref=logp_ref)
         mask = rows.batch.loss_mask
         # How far the actors' sampling distribution is from the learner's (staleness, numerics):
@@ -177,9 +193,15 @@ class Trainer:
                 metrics.exact["critic/return_mean"], _, metrics.exact["critic/return_std"] = self.value_norm.stats
         return replace(rows, advantages=adv, returns=returns)
 
-    def _values(self, ids: torch.Tensor) -> torch.Tensor:
+    def _inputs(self, rows: Rows) -> dict:
+        """The models' image inputs for ``rows`` ({} for a text model or rows without images)."""
+        if self.images is None or rows.vision is None:
+            return {}
+        return self.images.model_inputs(rows.vision, rows.batch.token_ids)
+
+    def _values(self, ids: torch.Tensor, inputs: dict | None = None) -> torch.Tensor:
         """The critic's values in return units (value_norm: the head's output de-normalised)."""
-        raw = self.critic(ids)
+        raw = self.critic(ids, **(inputs or {}))
         return raw if self.value_norm is None else self.value_norm.denormalize(raw)
 
     def _advantages(self, rows: Rows, rewards: torch.Tensor, batch: Batch, index: torch.Tensor):
@@ -243,7 +265,7 @@ class Trainer:
         cfg, b = self.cfg, rows.batch
         mask = b.loss_mask
         logp, entropy = token_logprobs(self.policy, b.token_ids, cfg.temperature, entropy=True,
-                                  entropy_grad=self.entropy_coef != 0)
+                                       entropy_grad=self.entropy_coef != 0, inputs=self._inputs(rows))
         if cfg.loss == "ppo":
             loss, stats = losses.ppo_policy_loss(logp, rows.logp_prox, rows.advantages, mask, **cfg.loss_args)
         elif cfg.loss == "decoupled_ppo":
@@ -275,7 +297,7 @@ class Trainer:
         if self.value_norm is not None and self.value_norm.stats is not None:
             old, target = self.value_norm.normalize(old), self.value_norm.normalize(target)
             clip = None if clip is None else clip / self.value_norm.std
-        loss, stats = losses.value_loss(self.critic(rows.batch.token_ids), old, target,
+        loss, stats = losses.value_loss(self.critic(rows.batch.token_ids, **self._inputs(rows)), old, target,
                                         mask, clip=clip, agg=self.cfg.agg)
         (self.cfg.value_coef * scale * loss).backward()
         metrics.add("loss/value", float(loss.detach()), units)
@@ -344,13 +366,11 @@ class Trainer:
     def save_hf(self, path: str | Path) -> None:
         """Rank 0 writes the policy as a Hugging Face directory (weights, config, and the
         tokenizer and other non-weight files of model_path) that vLLM loads. Collective."""
-        from transformers import AutoModelForCausalLM
-
         state = self.state_dict_for_publish()
         if self.rank == 0:
             out = Path(path)
             with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
+                model = self._policy_class().from_config(self.hf_config, dtype=torch.float32)
             model.load_state_dict(state, assign=True)
             model.save_pretrained(out)
             for f in Path(self.cfg.model_path).iterdir():
