@@ -39,7 +39,7 @@ import numpy as np
 
 from actors.config import ActorConfig
 from actors.episode import EpisodeResult, Generate, Generation, run_episode
-from actors.vision import VisionTokens, vllm_prompt
+from actors.vision import VisionTokens, engine_image_args, vllm_prompt
 from envs.pool import EnvPool
 from envs.registry import load_config
 from envs.service import EnvServiceError, LocalEnvClient, RemoteEnvClient
@@ -146,7 +146,7 @@ class InferenceActor:
         if self.tokenizer is None:
             self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         self.vision = VisionTokens.from_pretrained(cfg.model_path)
-        images = {"limit_mm_per_prompt": {"image": cfg.max_turns, "video": 0}} if self.vision else {}
+        images = engine_image_args(cfg.max_turns) if self.vision else {}
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
             model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
             kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,
@@ -353,7 +353,7 @@ class InferenceActor:
             if got != version:  # label the truth: the tokens are sampled with what arrived
                 log.warning("actor %d asked for version %d, received %d", self.cfg.actor_id, version, got)
             await self.engine.reset_prefix_cache(reset_running_requests=True)
-            if self.vision is not None:  # image embeddings made by the old vision tower
+            if self.vision is not None:  # the old vision tower's image embeddings
                 await self.engine.reset_encoder_cache()
             await self.engine.update_weight_version(str(got))
             self.version = got

@@ -7,7 +7,8 @@ image goes; the context replaces it by the model's vision placeholder (``<|visio
 image processor makes tokens of that image, so the trajectory's ids are exactly the model's
 input. vLLM expands placeholders itself: its request gets each run collapsed to one pad
 (transport.images) and the images, and the actor checks that vLLM's expanded prompt equals
-the context's ids.
+the context's ids. After a weight update the actor resets vLLM's encoder cache with its prefix
+cache, so that no image embedding of the old vision tower is used again.
 """
 
 from __future__ import annotations
@@ -70,3 +71,10 @@ def vllm_prompt(ids: Sequence[int], images: Sequence[np.ndarray],
     if len(counts) != len(images):
         raise ValueError(f"{len(counts)} image pad runs in the context for {len(images)} images")
     return {"prompt_token_ids": collapsed, "multi_modal_data": {"image": list(images)}}
+
+
+def engine_image_args(max_images: int) -> dict[str, Any]:
+    """vLLM engine arguments for a VLM whose prompts hold up to ``max_images`` images. No
+    processor cache: with it, a request preempted by a weight update cannot be encoded again
+    after the encoder cache reset (vLLM no longer holds the image data it sent once)."""
+    return {"limit_mm_per_prompt": {"image": max_images, "video": 0}, "mm_processor_cache_gb": 0}

@@ -122,7 +122,7 @@ def prepare_model(cfg, run_dir: Path) -> str:
 
         base = run_dir / "tiny-model"
         if not (base / "config.json").exists():
-            build_tiny_model(base, seed=cfg.model.build_seed)
+            build_tiny_model(base, seed=cfg.model.build_seed, vision=cfg.model.get("vision", False))
         path = str(base)
     if not cfg.warm_start.enabled:
         return str(path)
