@@ -338,7 +338,8 @@ class InferenceActor:
         self._require_started()
         async with self._update_lock:
             t0 = time.perf_counter()
-            await self.engine.pause_generation(mode="keep")
+            # A VLM's answers in flight finish first: none is preempted (actors/vision.py says why).
+            await self.engine.pause_generation(mode="keep" if self.vision is None else "wait")
             t1 = time.perf_counter()
             try:
                 received = await self.engine.collective_rpc("receive_weights")

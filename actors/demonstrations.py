@@ -75,6 +75,9 @@ def _episode(env, env_name: str, tokenizer, eos: int, seed: int, index: int,
              rng: np.random.Generator, noise: float, k: int) -> Trajectory:
     ctx = ChatContext(tokenizer, env.system_prompt())
     obs = env.reset(seed)
+    if obs.images:
+        raise ValueError("demonstrations are made for text observations only (the env renders "
+                         "images): train a VLM without the warm start (warm_start.enabled=false)")
     rewards, success, random_actions, n_actions = [], False, 0, 0
     while True:
         actions, after, n_random = _choose(env.game, rng, noise, k)

@@ -16,6 +16,9 @@ Invariants:
   truncated answer) is the environment's: mask False, log-prob 0, version -1.
 - ``turn_end`` marks the last generated token of each turn; ``turn_rewards[t]`` is turn t's
   reward from the env. A turn whose answer is empty cannot carry a reward: the episode ends there.
+- Images (a VLM, actors/vision.py): each observation's images become the model's pad runs, in
+  order, and the trajectory carries them. An answer holding a vision token (the model wrote an
+  image placeholder) fails the episode ("vision_token_generated"): it cannot be trained on.
 """
 
 from __future__ import annotations
@@ -202,6 +205,9 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
         t = time.perf_counter()
         gen = await generate(ctx.token_ids, ctx.images)
         gen_s += time.perf_counter() - t
+        if vision is not None and vision.special_ids.intersection(gen.token_ids):
+            # An image placeholder the model wrote would be read as an image: not trainable.
+            return EpisodeResult(None, failure="vision_token_generated")
         text = ctx.answer_text(gen)
         ctx.add_generation(gen)
         generated += len(gen.token_ids)

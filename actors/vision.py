@@ -7,8 +7,14 @@ image goes; the context replaces it by the model's vision placeholder (``<|visio
 image processor makes tokens of that image, so the trajectory's ids are exactly the model's
 input. vLLM expands placeholders itself: its request gets each run collapsed to one pad
 (transport.images) and the images, and the actor checks that vLLM's expanded prompt equals
-the context's ids. After a weight update the actor resets vLLM's encoder cache with its prefix
-cache, so that no image embedding of the old vision tower is used again.
+the context's ids.
+
+Weight updates: vLLM cannot encode an image again for a request preempted in flight (it no
+longer holds the image data, and its engine dies: "Expected number of multimodal embeddings to
+match number of input items"), so for a VLM the actor's pause lets the answers in flight finish
+(vLLM's "wait" mode: new requests wait, no running request is preempted), then resets the prefix
+cache and the encoder cache, so no KV or image embedding of the old weights is used again.
+Without images the actor pauses in "keep" mode and preempts (nothing waits).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ class VisionTokens:
     placeholder: str
     """The text that stands for one image in a prompt (one pad token inside it)."""
     pad_id: int
+    special_ids: frozenset[int]
+    """The vision tokens (start, end, image and video pads): never the policy's to write."""
     image_processor: Any
     """A Qwen2-VL style image processor: ``image_grid_thw`` and ``merge_size``."""
 
@@ -45,7 +53,10 @@ class VisionTokens:
         start, end = (getattr(tok, name, None) for name in ("vision_start_token", "vision_end_token"))
         start = start or "<|vision_start|>"
         end = end or "<|vision_end|>"
-        return cls(start + pad + end, tok.convert_tokens_to_ids(pad), processor.image_processor)
+        video = getattr(processor, "video_token", None) or "<|video_pad|>"
+        special = frozenset(tok.convert_tokens_to_ids([start, end, pad, video])) - {tok.unk_token_id}
+        return cls(start + pad + end, tok.convert_tokens_to_ids(pad), special,
+                   processor.image_processor)
 
     def count(self, image: np.ndarray) -> int:
         """How many pad tokens ``image`` (RGB uint8, (H, W, 3)) becomes."""
@@ -75,6 +86,6 @@ def vllm_prompt(ids: Sequence[int], images: Sequence[np.ndarray],
 
 def engine_image_args(max_images: int) -> dict[str, Any]:
     """vLLM engine arguments for a VLM whose prompts hold up to ``max_images`` images. No
-    processor cache: with it, a request preempted by a weight update cannot be encoded again
-    after the encoder cache reset (vLLM no longer holds the image data it sent once)."""
+    processor cache: with it, vLLM sends an image it has seen before without its data, and a
+    request that must encode it again (after the encoder cache reset) kills the engine."""
     return {"limit_mm_per_prompt": {"image": max_images, "video": 0}, "mm_processor_cache_gb": 0}

@@ -10,7 +10,7 @@ Invariants: one subscriber per worker, ranks given by the actor (1..world_size-1
 rank 0 is the source); every wait is bounded by the group's timeout, never by a timeout on
 ``collective_rpc`` (see ../shared/PLATFORM.md: that leaves the worker blocked and kills the
 engine later). After ``receive_weights`` the caller resets the prefix cache (and the encoder
-cache for VLMs): KV computed with the old weights must not be reused.
+cache for VLMs, actors/vision.py): KV computed with the old weights must not be reused.
 """
 
 from __future__ import annotations

@@ -87,9 +87,11 @@ def _check(traj, hf, vision) -> None:
 
 def test_image_episodes_are_recorded_as_the_model_saw_them(rig):
     loop, actor, collector, old, _ = rig
-    stats = loop.run_until_complete(asyncio.wait_for(actor.run(num_episodes=4), 180))
-    trajs = collector.wait_for(4)
-    assert stats["episodes_sent"] == 4 and stats["episodes_failed"] == 0 and len(trajs) == 4
+    stats = loop.run_until_complete(asyncio.wait_for(actor.run(num_episodes=8), 180))
+    trajs = collector.wait_for(stats["episodes_sent"])
+    # The untrained model may write a vision token: that episode fails, by that reason only.
+    assert stats["episodes_sent"] + stats["episodes_failed"] == 8 and len(trajs) >= 4
+    assert stats["episodes_failed"] == stats.get("failed/vision_token_generated", 0)
     hf, vision = _hf(old), VisionTokens.from_pretrained(old)
     for traj in trajs:
         _check(traj, hf, vision)
@@ -125,7 +127,8 @@ def test_weight_update_in_flight_with_images(rig):
         stats, trajs = loop.run_until_complete(asyncio.wait_for(scenario(), 300))
     finally:
         publisher.close()
-    assert stats["version"] == 1 and stats["weight_updates"] == 1 and stats["episodes_failed"] == 0
+    assert stats["version"] == 1 and stats["weight_updates"] == 1
+    assert stats["episodes_failed"] == stats.get("failed/vision_token_generated", 0)
     fresh = [t for t in trajs if _all_version(t, 1)]
     hf_new, vision = _hf(new), VisionTokens.from_pretrained(new)
     with torch.no_grad():

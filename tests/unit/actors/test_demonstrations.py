@@ -139,3 +139,9 @@ def test_actions_per_turn_and_bad_settings(tokenizer):
                             actions_per_turn=4)
     with pytest.raises(ValueError, match="action_noise"):
         make_demonstrations("frozenlake", config, tokenizer, [0], action_noise=1.5, rng_seed=0)
+
+
+def test_image_observations_are_refused(tokenizer):
+    config = load_config("frozenlake") | {"render": "image"}
+    with pytest.raises(ValueError, match="text observations only"):
+        make_demonstrations("frozenlake", config, tokenizer, [0], action_noise=0.0, rng_seed=0)

@@ -1,14 +1,17 @@
 """Images in an episode's context: the ids are the model's own processor's ids, turn after turn,
 and the vLLM request is the same context with each image's pad run collapsed."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
 import envs
-from actors.episode import ChatContext, Generation
+from actors.episode import ChatContext, Generation, run_episode
 from actors.vision import VisionTokens, vllm_prompt
 from envs.registry import load_config
 from launch.tiny_model import build_tiny_model
+from tests.unit.actors.test_episode import OneEnvClient
 from transport.images import decode_image
 
 
@@ -85,3 +88,23 @@ def test_images_without_a_vision_model_raise(vl_path, image_env):
     vision = VisionTokens.from_pretrained(vl_path)
     with pytest.raises(ValueError, match="placeholders for 2 images"):
         vision.render(obs.text, 2)
+
+
+def test_an_answer_with_a_vision_token_fails_the_episode(vl_path, image_env):
+    """A model that writes an image placeholder: the episode ends as a failure, nothing to train."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vl_path)
+    vision = VisionTokens.from_pretrained(vl_path)
+    answers = [tokenizer.encode("<answer>Left</answer>", add_special_tokens=False),
+               tokenizer.encode("<answer>", add_special_tokens=False) + [vision.pad_id]]
+
+    async def generate(ids, images):
+        toks = answers[len(images) - 1]
+        return Generation(toks, [-0.1] * len(toks), [0] * len(toks), stopped=True)
+
+    result = asyncio.run(run_episode(generate, OneEnvClient(image_env), 0, 5, tokenizer,
+                                     max_turns=3, max_context=4096, vision=vision))
+    assert result.trajectory is None and result.failure == "vision_token_generated"
+    assert {tokenizer.convert_ids_to_tokens(i) for i in vision.special_ids} == {
+        "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"}
