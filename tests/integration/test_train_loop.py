@@ -56,3 +56,22 @@ def test_short_run_keeps_its_promises(tmp_path, mode):
     assert 0.5 < summary["memory"]["memory/peak_total_gib"] < 8
     assert (tmp_path / "learning_curve.png").exists() and (tmp_path / "final-model" / "config.json").exists()
     assert "[policy v" in (tmp_path / "samples.txt").read_text()
+
+
+def test_short_vision_language_run(tmp_path):
+    """The same loop with a tiny Qwen2-VL on FrozenLake rendered as images: the actors play image
+    episodes, the learner ranks train on them (pixel values in every forward) and the weights,
+    vision tower included, reach the actors in flight; the final model is a Qwen2-VL."""
+    _run(tmp_path, "env.render=image", "env.image_size=56", "model.vision=true",
+         "actors.max_tokens=24", "train.eval_every=0")
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
+    assert all(r["policy/staleness_max"] <= 1 for r in train_rows)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (actor,) = summary["actors"]
+    assert actor["version"] == 4 and actor["weight_updates"] == 4 and not any(summary["actor_restarts"])
+    failed = {k: v for k, v in actor.items() if k.startswith("failed/")}
+    assert set(failed) <= {"failed/vision_token_generated"}  # an untrained VLM may write one
+    config = json.loads((tmp_path / "final-model" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
