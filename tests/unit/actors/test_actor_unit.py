@@ -70,6 +70,9 @@ class FakeEngine:
     async def reset_prefix_cache(self, reset_running_requests=False):
         self.calls.append(("reset", reset_running_requests))
 
+    async def reset_encoder_cache(self):
+        self.calls.append(("reset_encoder",))
+
     def shutdown(self):
         self.calls.append(("shutdown",))
 
@@ -221,6 +224,23 @@ def test_weight_update_sequence_and_failure(tokenizer):
     assert timings["version"] == 1 and timings["total_s"] >= timings["receive_s"] >= 0
     assert ok["version"] == 1 and ok["weight_updates"] == 1
     assert bad["version"] == 0 and bad["weight_update_failures"] == 1 and not paused
+
+
+def test_a_vlm_update_waits_for_answers_in_flight(tokenizer):
+    """With images, vLLM must never re-encode a preempted request: the pause lets the answers
+    in flight finish ("wait"), then both the prefix and the encoder caches are reset."""
+    async def scenario():
+        actor = _actor(tokenizer)
+        await actor.start()
+        actor.vision = object()  # what _start_engine sets for a model with an image processor
+        await actor.update_weights(1)
+        calls = list(actor.engine.calls)
+        await actor.close()
+        return calls
+
+    assert asyncio.run(scenario()) == [("version", "0"), ("pause", "wait"), ("receive_weights",),
+                                       ("reset", True), ("reset_encoder",), ("version", "1"),
+                                       ("resume",)]
 
 
 def test_evaluate_plays_greedy_episodes_without_sending(tokenizer):
