@@ -54,9 +54,9 @@ from learner.batch import Batch, collate, kl_penalty
 from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
 from learner.metrics import StepMetrics, batch_metrics, explained_variance
 from learner.models import ValueModel, load_model, token_logprobs
-from learner.vision import ImageInputs, is_vision_config
 from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
 from learner.value_norm import ValueNorm
+from learner.vision import ImageInputs, is_vision_config
 from transport.schema import Trajectory
 
 _WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".pt")
@@ -75,7 +75,8 @@ class Trainer:
                                         reduce_dtype=torch.float32)
         self.hf_config = AutoConfig.from_pretrained(cfg.model_path)
         text_config = getattr(self.hf_config, "text_config", self.hf_config)
-        pad = getattr(self.hf_config, "pad_token_id", None) or getattr(text_config, "pad_token_id", None)
+        pad = getattr(self.hf_config, "pad_token_id", None)
+        pad = getattr(text_config, "pad_token_id", None) if pad is None else pad
         self.pad_id = 0 if pad is None else int(pad)
         # A vision-language model: its image processor turns trajectories' images into inputs.
         self.images = ImageInputs(cfg.model_path) if is_vision_config(self.hf_config) else None
