@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from actors.vision import VisionTokens
 from envs.service import EnvClient
 from envs.wire import EpisodeFailure
-from actors.vision import VisionTokens
 from transport.images import encode_image, expand_pads
 from transport.schema import Trajectory
 

@@ -39,7 +39,7 @@ class VisionTokens:
     special_ids: frozenset[int]
     """The vision tokens (start, end, image and video pads): never the policy's to write."""
     image_processor: Any
-    """A Qwen2-VL style image processor: ``image_grid_thw`` and ``merge_size``."""
+    """A Qwen2-VL style image processor: ``get_number_of_image_patches`` and ``merge_size``."""
 
     @classmethod
     def from_pretrained(cls, path: str) -> "VisionTokens | None":
@@ -59,9 +59,10 @@ class VisionTokens:
                    processor.image_processor)
 
     def count(self, image: np.ndarray) -> int:
-        """How many pad tokens ``image`` (RGB uint8, (H, W, 3)) becomes."""
-        grid = self.image_processor(images=[image], return_tensors="np")["image_grid_thw"][0]
-        return int(np.prod(grid)) // self.image_processor.merge_size ** 2
+        """How many pad tokens ``image`` (RGB uint8, (H, W, 3)) becomes: its patches after the
+        processor's resize, merged; from the size alone (no pixel is processed here)."""
+        patches = self.image_processor.get_number_of_image_patches(image.shape[0], image.shape[1], {})
+        return int(patches) // self.image_processor.merge_size ** 2
 
     def render(self, text: str, n_images: int) -> str:
         """``text`` with each ``<image>`` replaced by the placeholder; one per image."""
