@@ -7,6 +7,7 @@ against transformers' log-softmax on the model of the version each token is labe
 """
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -64,31 +65,39 @@ class Rig:
         return self.loop.run_until_complete(asyncio.wait_for(coro, timeout_s))
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("actor")
-    old, new = build_tiny_model(tmp / "old", seed=0), build_tiny_model(tmp / "new", seed=1)
+@contextlib.contextmanager
+def started_actor(config: dict):
+    """(event loop, a started InferenceActor of ``config`` streaming to a Collector, the
+    Collector); everything is closed on exit, also on failure. The engine runs in its own process."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)  # the engine in its own process
+        mp.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("VLLM_NO_USAGE_STATS", "1")
         collector = Collector()
         loop = asyncio.new_event_loop()
-        actor = InferenceActor({
-            "actor_id": ACTOR_ID, "run_id": "test", "model_path": str(old), "env_name": "frozenlake",
-            "env_workers": 1, "envs_per_worker": 4, "concurrency": 4, "group_size": 2,
-            "temperature": 1.0, "max_tokens": 48, "max_turns": 3, "max_context": 2048,
-            "kv_cache_bytes": 64 << 20, "seed": 7, "learner_address": collector.address,
-        })
+        actor = InferenceActor({**config, "learner_address": collector.address})
         try:
             loop.run_until_complete(asyncio.wait_for(actor.start(), 180))
-            yield Rig(loop, actor, collector, old, new)
+            yield loop, actor, collector
         finally:
             try:
                 loop.run_until_complete(asyncio.wait_for(actor.close(), 60))
             finally:
                 loop.close()
                 collector.close()
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("actor")
+    old, new = build_tiny_model(tmp / "old", seed=0), build_tiny_model(tmp / "new", seed=1)
+    with started_actor({
+        "actor_id": ACTOR_ID, "run_id": "test", "model_path": str(old), "env_name": "frozenlake",
+        "env_workers": 1, "envs_per_worker": 4, "concurrency": 4, "group_size": 2,
+        "temperature": 1.0, "max_tokens": 48, "max_turns": 3, "max_context": 2048,
+        "kv_cache_bytes": 64 << 20, "seed": 7,
+    }) as (loop, actor, collector):
+        yield Rig(loop, actor, collector, old, new)
 
 
 @pytest.fixture(scope="module")

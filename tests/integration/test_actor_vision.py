@@ -13,10 +13,9 @@ import threading
 import numpy as np
 import pytest
 
-from actors.actor import InferenceActor
 from actors.vision import VisionTokens
 from launch.tiny_model import build_tiny_model
-from tests.integration.test_actor import LOGPROB_TOL, Collector
+from tests.integration.test_actor import LOGPROB_TOL, started_actor
 from transport.images import collapse_pads, decode_image
 from transport.weights import WeightPublisher
 
@@ -26,27 +25,16 @@ def rig(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vl")
     old = str(build_tiny_model(tmp / "old", vision=True, seed=0))
     new = str(build_tiny_model(tmp / "new", vision=True, seed=1))
-    collector, loop = Collector(), asyncio.new_event_loop()
-    actor = InferenceActor({
+    with started_actor({
         "actor_id": 1, "run_id": "vl", "model_path": old, "env_name": "frozenlake",
         "env_config": {"render": "image", "image_size": 64, "prompt": "brief"},
         "env_workers": 1, "envs_per_worker": 4, "concurrency": 4, "group_size": 2,
         "max_tokens": 24, "max_turns": 3, "max_context": 2048, "kv_cache_bytes": 64 << 20,
         # Two maps only: episodes after the weight update show images the engine has seen (and
         # encoded) before it, which must not reuse the old vision tower's embeddings.
-        "train_seeds": (5, 7), "seed": 3, "learner_address": collector.address})
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-            mp.setenv("HF_HUB_OFFLINE", "1")
-            loop.run_until_complete(asyncio.wait_for(actor.start(), 180))
+        "train_seeds": (5, 7), "seed": 3,
+    }) as (loop, actor, collector):
         yield loop, actor, collector, old, new
-    finally:
-        try:
-            loop.run_until_complete(asyncio.wait_for(actor.close(), 60))
-        finally:
-            loop.close()
-            collector.close()
 
 
 def _hf(path):
