@@ -10,7 +10,9 @@ network. Invariants:
   `ADDED_TOKENS` order, so `len(tokenizer) == vocab_size` exactly;
 - `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` and the vision tokens are special (dropped by
   `skip_special_tokens=True`); the reasoning tags are atomic added tokens that are NOT special, so
-  they survive vLLM's default detokenisation (Qwen3 does the same with `<think>`);
+  they survive vLLM's default detokenisation (Qwen3 does the same with `<think>`); so is each
+  relation of the state text (" is directly above the player"): a relation sentence is 3 tokens
+  ("The", " hole", the relation), not 12, which halves an episode of the grounding formats;
 - every cell of a symbol grid is its own token: no learned token holds two grid symbols
   (`GRID_SYMBOLS`) or a grid symbol and a line break, so "PO__" is P, O, _, _ and a model reads
   positions cell by cell, as a word-level vocabulary would (merged pairs like "PO" or "__" hide
@@ -38,7 +40,10 @@ REASONING_TAGS = tuple(
     for name in ("think", "answer", "observation", "reasoning", "prediction")
     for slash in ("", "/")
 )
-ADDED_TOKENS = SPECIAL_TOKENS + VISION_TOKENS + REASONING_TAGS
+# Every relation the grid envs' state text states ("The hole is below and to the right of the
+# player."), as one token: a relation is one choice of the model, not eight words to spell out.
+RELATION_TOKENS = tuple(f" is {phrase} the player" for phrase in PHRASES.values())
+ADDED_TOKENS = SPECIAL_TOKENS + VISION_TOKENS + REASONING_TAGS + RELATION_TOKENS
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
@@ -138,7 +143,8 @@ def train_tokenizer(seed: int = 0, vocab_size: int = 1024) -> tokenizers.Tokeniz
         raise RuntimeError(f"corpus too small: learned {tok.get_vocab_size()} of {n_bpe} BPE tokens")
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t in SPECIAL_TOKENS + VISION_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in REASONING_TAGS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t in REASONING_TAGS + RELATION_TOKENS])
     return tok
 
 
