@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from launch.tiny_model import build_tiny_model
-from launch.tiny_tokenizer import GRID_SYMBOLS, REASONING_TAGS, SPECIAL_TOKENS, VISION_TOKENS
+from envs.relations import HORIZONTAL, VERTICAL, describe, parse_relations
+from launch.tiny_tokenizer import (
+    GRID_SYMBOLS,
+    REASONING_TAGS,
+    RELATION_TOKENS,
+    SPECIAL_TOKENS,
+    VISION_TOKENS,
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +81,24 @@ def test_reasoning_tags_are_atomic_and_survive_skip_special_tokens(tokenizer):
     text = "<think>box is left</think><answer>Left</answer>"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def test_a_state_sentence_is_three_tokens_with_the_relation_as_one(tokenizer):
+    # Every (vertical, horizontal) relation of an object to the player, as envs.relations says it.
+    player = (1, 1)
+    objects = [("hole", (1 + dr, 1 + dc)) for dr in (-1, 0, 1) for dc in (-1, 0, 1)]
+    text = describe(player, objects)
+    assert len(parse_relations(text)) == len(VERTICAL) * len(HORIZONTAL)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    assert len(ids) == 4 * len(objects)  # "The", " hole", the relation, "."
+    assert sorted(tokens[2::4]) == sorted(RELATION_TOKENS)
+    assert tokenizer.decode(ids) == text
+    # Inside other text (the demonstrations' reasoning sentence) the relation is still one token.
+    reasoning = "The goal is directly below the player, so I move toward it."
+    ids = tokenizer.encode(reasoning, add_special_tokens=False)
+    assert tokenizer.convert_tokens_to_ids(" is directly below the player") in ids
+    assert tokenizer.decode(ids) == reasoning
 
 
 def test_chat_tokens_are_special_and_im_end_is_eos(tokenizer, text_dir):
