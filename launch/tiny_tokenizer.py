@@ -11,8 +11,8 @@ network. Invariants:
 - `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` and the vision tokens are special (dropped by
   `skip_special_tokens=True`); the reasoning tags are atomic added tokens that are NOT special, so
   they survive vLLM's default detokenisation (Qwen3 does the same with `<think>`); so is each
-  relation of the state text (" is directly above the player"): a relation sentence is 3 tokens
-  ("The", " hole", the relation), not 12, which halves an episode of the grounding formats;
+  relation of the state text (" is directly above the player"): a relation sentence is 4 tokens
+  ("The", " hole", the relation, "."), not 12, which halves the model's part of an episode;
 - every cell of a symbol grid is its own token: no learned token holds two grid symbols
   (`GRID_SYMBOLS`) or a grid symbol and a line break, so "PO__" is P, O, _, _ and a model reads
   positions cell by cell, as a word-level vocabulary would (merged pairs like "PO" or "__" hide
@@ -41,7 +41,7 @@ REASONING_TAGS = tuple(
     for slash in ("", "/")
 )
 # Every relation the grid envs' state text states ("The hole is below and to the right of the
-# player."), as one token: a relation is one choice of the model, not eight words to spell out.
+# player."), as one token: a relation is one choice of the model, not a run of words to spell.
 RELATION_TOKENS = tuple(f" is {phrase} the player" for phrase in PHRASES.values())
 ADDED_TOKENS = SPECIAL_TOKENS + VISION_TOKENS + REASONING_TAGS + RELATION_TOKENS
 EOS_TOKEN = "<|im_end|>"

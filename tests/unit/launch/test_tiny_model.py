@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launch.tiny_model import build_tiny_model
 from envs.relations import HORIZONTAL, VERTICAL, describe, parse_relations
+from launch.tiny_model import build_tiny_model
 from launch.tiny_tokenizer import (
     GRID_SYMBOLS,
     REASONING_TAGS,
@@ -83,7 +83,7 @@ def test_reasoning_tags_are_atomic_and_survive_skip_special_tokens(tokenizer):
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
-def test_a_state_sentence_is_three_tokens_with_the_relation_as_one(tokenizer):
+def test_a_state_sentence_is_four_tokens_with_the_relation_as_one(tokenizer):
     # Every (vertical, horizontal) relation of an object to the player, as envs.relations says it.
     player = (1, 1)
     objects = [("hole", (1 + dr, 1 + dc)) for dr in (-1, 0, 1) for dc in (-1, 0, 1)]
