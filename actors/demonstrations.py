@@ -12,9 +12,11 @@ Invariants:
   exact), ``<reasoning>`` one deterministic sentence naming where the first object (the goal, the
   box) lies. ``free_think`` thinks the observation and the reasoning; ``no_think`` answers only.
 - Actions: ``actions_per_turn`` per turn (default: the env's maximum), each the solver's next
-  move replanned from the current state, replaced by a uniformly random action with probability
-  ``action_noise``; once no solution exists (a box in a corner) every action is random. A turn
-  stops early where the episode ends (goal, hole), as the env would stop executing.
+  move replanned from the current state, replaced with probability ``action_noise`` by a
+  mistake: a uniformly random action (``mistake="random"``) or the reverse of the solver's move
+  (``mistake="reverse"``: a systematic error, which greedy decoding does not average out once it
+  is the likelier choice); once no solution exists (a box in a corner) every action is random. A
+  turn stops early where the episode ends (goal, hole), as the env would stop executing.
 - Tokens come from actors.episode.ChatContext as in ``run_episode``: the observation through the
   chat template, the answer as a stopped Generation (``tokenizer.encode(answer)`` + EOS, log-prob
   0, version 0), so ``loss_mask`` is True on exactly the answers and their end-of-turn tokens.
@@ -48,14 +50,19 @@ _SECTIONS = {
     "worldmodeling": ("reasoning", "prediction"),
     "grounding_worldmodeling": ("observation", "reasoning", "prediction"),
 }
+MISTAKES = ("random", "reverse")
+_REVERSE = {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"}
 
 
 def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
                         seeds: Iterable[int], *, action_noise: float, rng_seed: int,
-                        actions_per_turn: int | None = None) -> list[Trajectory]:
+                        actions_per_turn: int | None = None,
+                        mistake: str = "random") -> list[Trajectory]:
     """One demonstration episode per seed of ``env_name`` built with ``env_config``."""
     if not 0.0 <= action_noise <= 1.0:
         raise ValueError(f"action_noise must be in [0, 1], got {action_noise}")
+    if mistake not in MISTAKES:
+        raise ValueError(f"mistake must be one of {MISTAKES}, got {mistake!r}")
     env = make(env_name, **env_config)
     if env.format not in (*_SECTIONS, "no_think", "free_think"):
         raise ValueError(f"no demonstrations for format {env.format!r} (of {FORMATS})")
@@ -66,13 +73,14 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
     out = []
     for i, seed in enumerate(seeds):
         rng = np.random.default_rng([rng_seed, seed])
-        out.append(_episode(env, env_name, tokenizer, eos, int(seed), i, rng, action_noise, k))
+        out.append(_episode(env, env_name, tokenizer, eos, int(seed), i, rng,
+                            action_noise, mistake, k))
     env.close()
     return out
 
 
 def _episode(env, env_name: str, tokenizer, eos: int, seed: int, index: int,
-             rng: np.random.Generator, noise: float, k: int) -> Trajectory:
+             rng: np.random.Generator, noise: float, mistake: str, k: int) -> Trajectory:
     ctx = ChatContext(tokenizer, env.system_prompt())
     obs = env.reset(seed)
     if obs.images:
@@ -80,7 +88,7 @@ def _episode(env, env_name: str, tokenizer, eos: int, seed: int, index: int,
                          "images): train a VLM without the warm start (warm_start.enabled=false)")
     rewards, success, random_actions, n_actions = [], False, 0, 0
     while True:
-        actions, after, n_random = _choose(env.game, rng, noise, k)
+        actions, after, n_random = _choose(env.game, rng, noise, mistake, k)
         answer = _answer(env.format, env.action_sep, state=env.state_text(),
                          reasoning=_reasoning(env.game), prediction=after, actions=actions)
         ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
@@ -99,17 +107,21 @@ def _episode(env, env_name: str, tokenizer, eos: int, seed: int, index: int,
                              env_name=env_name, seed=seed, group_id=index, metrics=metrics)
 
 
-def _choose(game, rng: np.random.Generator, noise: float, k: int) -> tuple[list[str], str, int]:
-    """(the turn's actions, the state text after them, how many were random), on a game copy."""
+def _choose(game, rng: np.random.Generator, noise: float, mistake: str,
+            k: int) -> tuple[list[str], str, int]:
+    """(the turn's actions, the state text after them, how many were mistakes), on a game copy."""
     sim = copy.deepcopy(game)
     actions, n_random = [], 0
     for _ in range(k):
         plan = sim.solve()
-        if not plan or rng.random() < noise:
-            action = sim.action_space[int(rng.integers(len(sim.action_space)))]
+        if plan and rng.random() >= noise:
+            action = plan[0]
+        elif plan and mistake == "reverse":
+            action = _REVERSE[plan[0]]
             n_random += 1
         else:
-            action = plan[0]
+            action = sim.action_space[int(rng.integers(len(sim.action_space)))]
+            n_random += 1
         actions.append(action)
         if sim.move(action)[1]:  # the episode ends here: the env executes nothing after it
             break

@@ -141,7 +141,8 @@ def prepare_model(cfg, run_dir: Path) -> str:
     return str(ray.get(task.remote(
         max(1, int(cpus)), str(path), str(out), env_name=cfg.env_name,
         env_config=OmegaConf.to_container(cfg.env, resolve=True), n_seeds=ws.seeds, seed_offset=0,
-        action_noise=ws.action_noise, actions_per_turn=ws.actions_per_turn, steps=ws.steps,
+        action_noise=ws.action_noise, mistake=ws.mistake, actions_per_turn=ws.actions_per_turn,
+        steps=ws.steps,
         batch_size=ws.batch_size, lr=ws.lr,
         schedule=ws.schedule, warmup=ws.warmup, seed=cfg.seed)))
 

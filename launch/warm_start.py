@@ -33,7 +33,7 @@ EVAL_SEED_OFFSET = 1_000_000
 def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
                env_config: Mapping[str, Any], n_seeds: int, seed_offset: int = 0,
                action_noise: float, steps: int, batch_size: int, lr: float, seed: int,
-               actions_per_turn: int | None = None, schedule: str = "constant", warmup: int = 0,
+               actions_per_turn: int | None = None, mistake: str = "random", schedule: str = "constant", warmup: int = 0,
                log_every: int = 10,
                eval_seeds: Sequence[int] = (), eval_every: int = 0,
                max_new_tokens: int = 256) -> Path:
@@ -61,7 +61,7 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     demos = make_demonstrations(env_name, env_config, tokenizer,
                                 range(seed_offset, seed_offset + n_seeds),
                                 action_noise=action_noise, rng_seed=seed,
-                                actions_per_turn=actions_per_turn)
+                                actions_per_turn=actions_per_turn, mistake=mistake)
     with open(out / "warm_start.jsonl", "w", encoding="utf-8") as log:
 
         def write(record: dict) -> None:
@@ -111,6 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=2000, help="demonstration episodes")
     p.add_argument("--seed-offset", type=int, default=0, help="first demonstration seed")
     p.add_argument("--noise", type=float, default=0.4, help="share of random actions")
+    p.add_argument("--mistake", choices=("random", "reverse"), default="random",
+                   help="what a noisy action is: a random one, or the reverse of the solver's")
     p.add_argument("--actions-per-turn", type=int,
                    help="actions in each demonstrated turn (default: the env's maximum)")
     p.add_argument("--steps", type=int, default=300)
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> Path:
     eval_seeds = range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_seeds)
     out = warm_start(args.model, args.out, env_name=args.env, env_config=env_config,
                      n_seeds=args.seeds, seed_offset=args.seed_offset, action_noise=args.noise,
-                     actions_per_turn=args.actions_per_turn,
+                     actions_per_turn=args.actions_per_turn, mistake=args.mistake,
                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                      schedule=args.schedule, warmup=args.warmup,
                      log_every=args.log_every, eval_seeds=eval_seeds, eval_every=args.eval_every,

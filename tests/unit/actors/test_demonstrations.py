@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -116,6 +118,34 @@ def test_noise_is_the_share_of_random_actions_and_costs_success(tokenizer):
     assert 0.3 < np.mean([d.metrics["success"] for d in demos]) < 1.0
 
 
+@pytest.mark.parametrize("name", ENVS)
+def test_reverse_mistakes_undo_the_solver_move_and_nothing_else(tokenizer, name):
+    """Each action is the solver's move from the state it is played in, or that move reversed;
+    at noise 1 always reversed (while a solution exists). Replayed move by move on a copy."""
+    config = load_config(name)
+    reverse = {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"}
+    for noise in (0.5, 1.0):
+        demos = make_demonstrations(name, config, tokenizer, range(30), action_noise=noise,
+                                    rng_seed=0, mistake="reverse")
+        kinds = []
+        for traj in demos:
+            env = make(name, **config)
+            env.reset(traj.seed)
+            for answer in _answers(traj, tokenizer):
+                sim = copy.deepcopy(env.game)
+                for action in parse(answer, config["format"]).actions:
+                    plan = sim.solve()
+                    if plan:
+                        assert action in (plan[0], reverse[plan[0]])
+                        kinds.append(action == reverse[plan[0]])
+                    sim.move(action)
+                env.step(answer)
+        if noise == 1.0:
+            assert all(kinds) and all(d.metrics["random_action_share"] == 1.0 for d in demos)
+        else:
+            assert 0.35 < np.mean(kinds) < 0.65
+
+
 def test_deterministic_in_rng_seed_and_independent_of_the_other_seeds(tokenizer):
     config = load_config("sokoban")
     a = make_demonstrations("sokoban", config, tokenizer, [3, 4, 5], action_noise=0.5, rng_seed=7)
@@ -139,6 +169,9 @@ def test_actions_per_turn_and_bad_settings(tokenizer):
                             actions_per_turn=4)
     with pytest.raises(ValueError, match="action_noise"):
         make_demonstrations("frozenlake", config, tokenizer, [0], action_noise=1.5, rng_seed=0)
+    with pytest.raises(ValueError, match="mistake"):
+        make_demonstrations("frozenlake", config, tokenizer, [0], action_noise=0.5, rng_seed=0,
+                            mistake="mirror")
 
 
 def test_image_observations_are_refused(tokenizer):
