@@ -21,6 +21,10 @@ Invariants:
   chat template, the answer as a stopped Generation (``tokenizer.encode(answer)`` + EOS, log-prob
   0, version 0), so ``loss_mask`` is True on exactly the answers and their end-of-turn tokens.
   The env steps on the answer text and its rewards are the turn rewards.
+- Images (``render="image"``): pass the model's ``vision`` (actors.vision.VisionTokens), as the
+  actor has it; each observation's images then become the model's pad runs in the ids, exactly
+  as in the actor's episodes, and the trajectory carries them (PNG). Without ``vision`` an image
+  env is refused. The answers are the same text as for a text render: the true state in words.
 - Deterministic in (``rng_seed``, seed): each episode has its own generator, so a demonstration
   does not depend on which other seeds were asked for.
 """
@@ -34,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from actors.episode import ChatContext, Generation
+from actors.vision import VisionTokens
 from envs.formats import FORMATS
 from envs.registry import make
 from envs.relations import PHRASES, describe, relation
@@ -56,9 +61,10 @@ _REVERSE = {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"}
 
 def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
                         seeds: Iterable[int], *, action_noise: float, rng_seed: int,
-                        actions_per_turn: int | None = None,
-                        mistake: str = "random") -> list[Trajectory]:
-    """One demonstration episode per seed of ``env_name`` built with ``env_config``."""
+                        actions_per_turn: int | None = None, mistake: str = "random",
+                        vision: VisionTokens | None = None) -> list[Trajectory]:
+    """One demonstration episode per seed of ``env_name`` built with ``env_config``; ``vision``:
+    the model's image tokens, needed when the env renders images."""
     if not 0.0 <= action_noise <= 1.0:
         raise ValueError(f"action_noise must be in [0, 1], got {action_noise}")
     if mistake not in MISTAKES:
@@ -69,30 +75,30 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
     k = env.max_actions if actions_per_turn is None else actions_per_turn
     if not 1 <= k <= env.max_actions:
         raise ValueError(f"actions_per_turn must be in [1, {env.max_actions}], got {k}")
+    if getattr(env, "render", "text") == "image" and vision is None:
+        raise ValueError("the env renders images: demonstrations need the model's vision tokens "
+                         "(vision=actors.vision.VisionTokens.from_pretrained(<a VLM>))")
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     out = []
     for i, seed in enumerate(seeds):
         rng = np.random.default_rng([rng_seed, seed])
-        out.append(_episode(env, env_name, tokenizer, eos, int(seed), i, rng,
+        out.append(_episode(env, env_name, tokenizer, vision, eos, int(seed), i, rng,
                             action_noise, mistake, k))
     env.close()
     return out
 
 
-def _episode(env, env_name: str, tokenizer, eos: int, seed: int, index: int,
-             rng: np.random.Generator, noise: float, mistake: str, k: int) -> Trajectory:
-    ctx = ChatContext(tokenizer, env.system_prompt())
+def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: int, seed: int,
+             index: int, rng: np.random.Generator, noise: float, mistake: str, k: int) -> Trajectory:
+    ctx = ChatContext(tokenizer, env.system_prompt(), vision)
     obs = env.reset(seed)
-    if obs.images:
-        raise ValueError("demonstrations are made for text observations only (the env renders "
-                         "images): train a VLM without the warm start (warm_start.enabled=false)")
     rewards, success, random_actions, n_actions = [], False, 0, 0
     while True:
         actions, after, n_random = _choose(env.game, rng, noise, mistake, k)
         answer = _answer(env.format, env.action_sep, state=env.state_text(),
                          reasoning=_reasoning(env.game), prediction=after, actions=actions)
         ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
-        ctx.add_observation(obs.text)
+        ctx.add_observation(obs.text, obs.images)
         ctx.add_generation(Generation(ids, [0.0] * len(ids), [0] * len(ids), stopped=True))
         result = env.step(answer)
         rewards.append(float(result.reward))

@@ -58,8 +58,9 @@ def probe(cfg, out_dir: Path) -> float:
 
 def _probe(cfg, out_dir: Path) -> float:
     import numpy as np
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
+    from actors.vision import VisionTokens
     from launch.controller import trainer_config
     from launch.hf_episodes import evaluate_hf, play
     from learner.config import TrainerConfig
@@ -68,7 +69,9 @@ def _probe(cfg, out_dir: Path) -> float:
     path, device = str(cfg.model.path), str(cfg.learner.device)
     trainer = Trainer(TrainerConfig.from_dict(trainer_config(cfg, path)), device=device)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    sampler = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+    vision = VisionTokens.from_pretrained(path)  # None for a text-only model
+    auto = AutoModelForCausalLM if vision is None else AutoModelForImageTextToText
+    sampler = auto.from_pretrained(path).to(device).eval()
     env_config = OmegaConf.to_container(cfg.env, resolve=True)
     ac, tr = cfg.actors, cfg.train
     eval_seeds = range(tr.eval_seed_offset, tr.eval_seed_offset + tr.eval_seeds)
@@ -85,7 +88,7 @@ def _probe(cfg, out_dir: Path) -> float:
 
         def evaluate(step: int) -> float:
             result = evaluate_hf(sampler, tokenizer, cfg.env_name, env_config, eval_seeds,
-                                 ac.max_tokens, batch_size=64)
+                                 ac.max_tokens, batch_size=64, vision=vision)
             write({"kind": "eval", "step": step, **result})
             return result["success"]
 
@@ -99,7 +102,7 @@ def _probe(cfg, out_dir: Path) -> float:
                               max_new_tokens=ac.max_tokens, batch_size=64,
                               temperature=ac.temperature, top_p=ac.top_p,
                               group_ids=[g for g in range(groups) for _ in range(ac.group_size)],
-                              version=step - 1)
+                              version=step - 1, vision=vision)
             trajectories = [r.trajectory for r in results if r.trajectory is not None]
             t1 = time.perf_counter()
             metrics = trainer.train_step(trajectories, version=step - 1)

@@ -7,8 +7,15 @@ early: the model should answer in the format most of the time yet still leave RL
 
 Called by launch/controller.py (``prepare_model``, inside a Ray task) and from the command line.
 ``warm_start`` writes into ``out_dir`` the fine-tuned model (``save_pretrained``), the tokenizer
-files and ``warm_start.jsonl``: one JSON line for the demonstrations, then the metrics of every
-logged SFT step (and of each evaluation, when asked for one).
+files (a vision-language model's processor files too) and ``warm_start.jsonl``: one JSON line
+for the demonstrations, then the metrics of every logged SFT step (and of each evaluation, when
+asked for one).
+
+A model whose config has a ``vision_config`` (Qwen2-VL style; the tiny one is
+``launch.tiny_model --vision``) loads as an image-text-to-text model, and an env that renders
+images (``render: image``) is demonstrated, trained on and evaluated with the pictures, token in
+/ token out as the actor records its episodes (actors.vision, learner.vision). A VLM on a text
+env trains on text alone.
 
 Seeds: demonstrations are played on ``[seed_offset, seed_offset + n_seeds)``; the RL run
 evaluates on ``[train.eval_seed_offset, ...)`` = ``[1_000_000, ...)`` (configs/train.yaml), so
@@ -28,6 +35,8 @@ from typing import Any
 
 EVAL_SEED_OFFSET = 1_000_000
 """The first held-out seed (configs/train.yaml ``train.eval_seed_offset``)."""
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json",
+                   "processor_config.json")
 
 
 def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
@@ -43,11 +52,14 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     (0: only before and after) and after the last step; its results go to warm_start.jsonl.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
+                              AutoTokenizer)
 
     from actors.demonstrations import make_demonstrations
+    from actors.vision import VisionTokens
     from launch.hf_episodes import evaluate_hf
     from learner.sft import train_sft
+    from learner.vision import ImageInputs, is_vision_config
 
     if seed_offset + n_seeds > EVAL_SEED_OFFSET:
         raise ValueError(f"demonstration seeds reach {seed_offset + n_seeds}, into the "
@@ -56,12 +68,18 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     out.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    vlm = is_vision_config(AutoConfig.from_pretrained(model_path))
+    # A VLM: the actor's image tokens for the demonstrations and the evaluation, the learner's
+    # image inputs for SFT (the same processor files, read by each side's own code).
+    vision = VisionTokens.from_pretrained(str(model_path)) if vlm else None
+    images = ImageInputs(str(model_path)) if vlm else None
+    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+    model = auto.from_pretrained(model_path, dtype=torch.float32).to(device)
     t0 = time.perf_counter()
     demos = make_demonstrations(env_name, env_config, tokenizer,
                                 range(seed_offset, seed_offset + n_seeds),
                                 action_noise=action_noise, rng_seed=seed,
-                                actions_per_turn=actions_per_turn, mistake=mistake)
+                                actions_per_turn=actions_per_turn, mistake=mistake, vision=vision)
     with open(out / "warm_start.jsonl", "w", encoding="utf-8") as log:
 
         def write(record: dict) -> None:
@@ -69,7 +87,8 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
             log.flush()
 
         def evaluate(step: int) -> None:
-            result = evaluate_hf(model, tokenizer, env_name, env_config, eval_seeds, max_new_tokens)
+            result = evaluate_hf(model, tokenizer, env_name, env_config, eval_seeds, max_new_tokens,
+                                 vision=vision)
             write({"step": step, **{f"eval/{k}": v for k, v in result.items()}})
 
         def on_step(metrics: dict) -> None:
@@ -84,12 +103,23 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
             evaluate(0)
         train_sft(model, demos, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                   schedule=schedule, warmup=warmup, pad_id=tokenizer.pad_token_id, log_every=1,
-                  on_log=on_step)
+                  images=images, on_log=on_step)
         if eval_seeds:
             evaluate(steps)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if vlm:
+        _copy_processor_files(Path(model_path), out)
     return out
+
+
+def _copy_processor_files(src: Path, out: Path) -> None:
+    """A VLM's image / video processor configs, as they are (transformers and vLLM read them)."""
+    import shutil
+
+    for name in PROCESSOR_FILES:
+        if (src / name).exists():
+            shutil.copy2(src / name, out / name)
 
 
 def _demo_summary(demos: list, seconds: float) -> dict[str, float]:
@@ -108,6 +138,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="frozenlake", help="env name (configs/env/<name>.yaml)")
     p.add_argument("--format", help="answer format (default: the env config's)")
     p.add_argument("--prompt", choices=("full", "brief"), help="prompt (default: the env config's)")
+    p.add_argument("--render", choices=("text", "image"),
+                   help="observations (default: the env config's); image needs a VLM")
+    p.add_argument("--image-size", type=int, help="pixels per side of an image observation")
     p.add_argument("--seeds", type=int, default=2000, help="demonstration episodes")
     p.add_argument("--seed-offset", type=int, default=0, help="first demonstration seed")
     p.add_argument("--noise", type=float, default=0.4, help="share of random actions")
@@ -134,7 +167,8 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     from envs.registry import load_config
 
-    overrides = {"format": args.format, "prompt": args.prompt}
+    overrides = {"format": args.format, "prompt": args.prompt, "render": args.render,
+                 "image_size": args.image_size}
     env_config = load_config(args.env) | {k: v for k, v in overrides.items() if v}
     eval_seeds = range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_seeds)
     out = warm_start(args.model, args.out, env_name=args.env, env_config=env_config,

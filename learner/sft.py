@@ -2,7 +2,10 @@
 
 Called by launch/warm_start.py before RL, in one process (no process group: the models it is for
 train in seconds to minutes). Pure torch; the trajectories come from actors/demonstrations.py
-through the wire schema, collated by learner.batch like RL batches.
+through the wire schema, collated by learner.batch like RL batches. A vision-language model's
+trajectories carry images: ``train_sft`` gets the model's ``learner.vision.ImageInputs`` and
+feeds every forward the pixel values, patch grids and modality ids (M-RoPE) of its batch, as
+learner/trainer.py does.
 
 Invariants:
 - the loss is the token mean, over the whole batch, of the cross-entropy of the policy's tokens
@@ -28,20 +31,24 @@ import torch
 import torch.nn.functional as F
 
 from learner.batch import Batch, collate
+from learner.vision import ImageInputs
 from transport.schema import Trajectory
 
 
-def sft_loss(model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+def sft_loss(model, batch: Batch,
+             inputs: dict | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean cross-entropy on ``batch.loss_mask`` and its metrics.
 
-    ``model(input_ids).logits`` has Shape (B, L, V); token_ids and loss_mask Shape (B, L).
-    Metrics: ``sft/loss``, ``sft/token_accuracy`` (greedy next-token prediction right),
-    ``sft/tokens`` (the number of target tokens).
+    ``model(input_ids, **inputs).logits`` has Shape (B, L, V); token_ids and loss_mask Shape
+    (B, L); ``inputs``: more keyword arguments of the forward (a VLM's image inputs,
+    ``image_inputs``). Metrics: ``sft/loss``, ``sft/token_accuracy`` (greedy next-token
+    prediction right), ``sft/tokens`` (the number of target tokens).
     """
     device = next(model.parameters()).device
     ids = batch.token_ids.to(device)
     targets, mask = ids[:, 1:], batch.loss_mask[:, 1:].to(device)
-    logits = model(input_ids=ids).logits[:, :-1].float()
+    inputs = {k: v.to(device) for k, v in (inputs or {}).items()}
+    logits = model(input_ids=ids, **inputs).logits[:, :-1].float()
     picked = logits[mask]  # (N, V): only the target positions are scored
     tokens = targets[mask]
     if tokens.numel() == 0:
@@ -51,6 +58,18 @@ def sft_loss(model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         accuracy = (picked.argmax(-1) == tokens).float().mean()
     return loss, {"sft/loss": float(loss.detach()), "sft/token_accuracy": float(accuracy),
                   "sft/tokens": float(tokens.numel())}
+
+
+def image_inputs(images: ImageInputs | None, trajectories: Sequence[Trajectory],
+                 batch: Batch) -> dict:
+    """The forward's image inputs for ``batch``, collated from ``trajectories`` in order ({} when
+    none has images)."""
+    if not any(t.images for t in trajectories):
+        return {}
+    if images is None:
+        raise ValueError("trajectories with images: give train_sft the model's image inputs "
+                         "(images=learner.vision.ImageInputs(<a VLM>))")
+    return images.model_inputs(images.encode(trajectories), batch.token_ids)
 
 
 SCHEDULES = ("constant", "cosine")
@@ -70,11 +89,12 @@ def lr_at(step: int, *, lr: float, steps: int, schedule: str = "constant", warmu
 def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_size: int,
               lr: float, seed: int, pad_id: int = 0, weight_decay: float = 0.0,
               grad_clip: float = 1.0, schedule: str = "constant", warmup: int = 0,
-              log_every: int = 10,
+              log_every: int = 10, images: ImageInputs | None = None,
               on_log: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """``steps`` AdamW steps on mini-batches of ``trajectories``; returns every step's metrics.
 
-    ``on_log`` gets the metrics of every ``log_every``-th step and of the last one.
+    ``on_log`` gets the metrics of every ``log_every``-th step and of the last one. ``images``:
+    a vision-language model's image processor, needed when the trajectories carry images.
     """
     if steps < 0 or batch_size < 1 or not trajectories:
         raise ValueError(f"need steps >= 0, batch_size >= 1 and trajectories, got {steps}, "
@@ -90,8 +110,9 @@ def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_si
         while len(order) < batch_size:
             order += rng.permutation(len(trajectories)).tolist()
         rows, order = order[:batch_size], order[batch_size:]
-        batch = collate([trajectories[i] for i in rows], pad_id=pad_id)
-        loss, metrics = sft_loss(model, batch)
+        chosen = [trajectories[i] for i in rows]
+        batch = collate(chosen, pad_id=pad_id)
+        loss, metrics = sft_loss(model, batch, image_inputs(images, chosen, batch))
         step_lr = lr_at(step, lr=lr, steps=steps, schedule=schedule, warmup=warmup)
         for group in optimizer.param_groups:
             group["lr"] = step_lr

@@ -1,5 +1,6 @@
 """actors/demonstrations.py: solver demonstrations as Trajectories, replayed against fresh envs
-(the tiny tokenizer, both grid games, every answer format)."""
+(the tiny tokenizer, both grid games, every answer format); with image observations, against
+the tiny Qwen2-VL's own processor."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from actors.demonstrations import make_demonstrations
 from envs.formats import FORMATS, parse
 from envs.registry import load_config, make
 from launch.tiny_tokenizer import build_tokenizer
+from transport.images import collapse_pads
 
 ENVS = ("frozenlake", "sokoban")
 SEEDS = range(12)
@@ -174,7 +176,81 @@ def test_actions_per_turn_and_bad_settings(tokenizer):
                             mistake="mirror")
 
 
-def test_image_observations_are_refused(tokenizer):
-    config = load_config("frozenlake") | {"render": "image"}
-    with pytest.raises(ValueError, match="text observations only"):
+@pytest.fixture(scope="module")
+def vl_path(tmp_path_factory):
+    from launch.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("vl"), vision=True, seed=0))
+
+
+def _image_config(name):
+    return load_config(name) | {"render": "image", "image_size": 56}
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_image_demonstrations_are_the_processors_ids_of_the_conversation(vl_path, name):
+    """The ids are what the model's own processor makes of the whole conversation (system, each
+    observation with its picture, each answer), the images are the env's, losslessly, and the
+    loss mask covers exactly the answers and their end-of-turn tokens."""
+    from transformers import AutoProcessor
+
+    from actors.vision import VisionTokens
+    from transport.images import decode_image
+
+    processor = AutoProcessor.from_pretrained(vl_path)
+    tok, vision = processor.tokenizer, VisionTokens.from_pretrained(vl_path)
+    eos = tok.convert_tokens_to_ids(tok.eos_token)
+    config = _image_config(name)
+    demos = make_demonstrations(name, config, tok, range(6), action_noise=0.4, rng_seed=0,
+                                vision=vision)
+    assert sum(len(d.turn_rewards) > 1 for d in demos) >= 2  # multi-image contexts are covered
+    for traj in demos:
+        answers = _answers(traj, tok)
+        env = make(name, **config)
+        obs = env.reset(traj.seed)
+        msgs, images = [{"role": "system", "content": env.system_prompt()}], []
+        for a in answers:
+            msgs.append({"role": "user", "content": obs.text.replace("<image>", vision.placeholder)})
+            msgs.append({"role": "assistant", "content": a})
+            images += obs.images
+            obs = env.step(a).observation
+        text = processor.apply_chat_template(msgs, tokenize=False)
+        assert text.endswith("<|im_end|>\n")  # the glue after the last answer is not the model's
+        expected = processor(text=[text[:-1]], images=images, return_tensors="np")["input_ids"][0]
+        assert traj.token_ids.tolist() == expected.tolist()
+        assert len(traj.images) == len(answers) == len(images)
+        for sent, image in zip(traj.images, images):
+            np.testing.assert_array_equal(decode_image(sent), image)
+        assert collapse_pads(traj.token_ids.tolist(), vision.pad_id)[1] == [
+            vision.count(im) for im in images]
+        policy = [t for a in answers for t in tok.encode(a, add_special_tokens=False) + [eos]]
+        assert traj.token_ids[traj.loss_mask].tolist() == policy
+        assert not set(traj.token_ids[traj.loss_mask].tolist()) & vision.special_ids
+        assert np.all(traj.token_ids[traj.turn_end] == eos)
+
+
+def test_image_and_text_renders_demonstrate_the_same_answers(vl_path):
+    """The answers describe the true state in words whatever the render: the same tokens under
+    the loss mask, the same rewards; a text env with ``vision`` is the text demonstration."""
+    from transformers import AutoTokenizer
+
+    from actors.vision import VisionTokens
+
+    tok, vision = AutoTokenizer.from_pretrained(vl_path), VisionTokens.from_pretrained(vl_path)
+    config = load_config("sokoban")
+    kwargs = dict(action_noise=0.5, rng_seed=3)
+    text = make_demonstrations("sokoban", config, tok, range(8), **kwargs)
+    image = make_demonstrations("sokoban", _image_config("sokoban"), tok, range(8), vision=vision,
+                                **kwargs)
+    with_vision = make_demonstrations("sokoban", config, tok, range(8), vision=vision, **kwargs)
+    for t, i, v in zip(text, image, with_vision):
+        assert t.token_ids[t.loss_mask].tolist() == i.token_ids[i.loss_mask].tolist()
+        assert t.turn_rewards.tolist() == i.turn_rewards.tolist() and t.metrics == i.metrics
+        assert t.token_ids.tolist() == v.token_ids.tolist() and not t.images and not v.images
+        assert len(i.images) == len(i.turn_rewards)
+
+
+def test_image_observations_need_the_models_vision_tokens(tokenizer):
+    config = _image_config("frozenlake")
+    with pytest.raises(ValueError, match="vision tokens"):
         make_demonstrations("frozenlake", config, tokenizer, [0], action_noise=0.0, rng_seed=0)

@@ -7,17 +7,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from launch.tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_probe_samples_trains_and_evaluates_on_policy(tmp_path):
-    model = build_tiny_model(tmp_path / "tiny")
+@pytest.mark.parametrize("vision", [False, True], ids=["text", "image"])
+def test_probe_samples_trains_and_evaluates_on_policy(tmp_path, vision):
+    """image: the tiny Qwen2-VL on FrozenLake rendered as pictures, sampled and trained with them
+    (the behaviour and proximal log-probs agree only if both sides saw the same images)."""
+    model = build_tiny_model(tmp_path / "tiny", vision=vision)
     out = tmp_path / "run"
+    images = ["env.render=image", "env.image_size=56"] if vision else []
     subprocess.run(
         [sys.executable, "-m", "launch.probe", f"model.path={model}", f"hydra.run.dir={out}",
-         "train.steps=3", "train.batch_size=4", "actors.group_size=2", "actors.max_tokens=16",
+         *images, "train.steps=3", "train.batch_size=4", "actors.group_size=2", "actors.max_tokens=16",
          "train.eval_seeds=2", "train.eval_every=0", "learner.critic_warmup=1",
          "learner.lr=0.01"],
         cwd=REPO, check=True, capture_output=True, timeout=300)

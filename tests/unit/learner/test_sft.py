@@ -1,5 +1,6 @@
 """learner/sft.py: the SFT loss against hand and naive computations, its mask, and the loop
-learning the demonstrations on a tiny Qwen2."""
+learning the demonstrations on a tiny Qwen2; on image demonstrations, the loss against
+transformers' forward with the images, and the loop learning them on the tiny Qwen2-VL."""
 
 from __future__ import annotations
 
@@ -157,3 +158,102 @@ def test_train_sft_applies_the_schedule_to_the_optimizer():
     assert moved.max().item() == pytest.approx(0.2, rel=1e-4)
     # The last step's lr is 0: it leaves the table as the third step did.
     assert torch.equal(tables[3], tables[2]) and not torch.equal(tables[2], tables[1])
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    """The tiny Qwen2-VL, its processor, image demonstrations of FrozenLake (56 px) played as
+    the actor records them, of different lengths (1 to 3 turns, one image each), and one text
+    demonstration."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from actors.demonstrations import make_demonstrations
+    from actors.vision import VisionTokens
+    from envs.registry import load_config
+    from launch.tiny_model import build_tiny_model
+
+    path = str(build_tiny_model(tmp_path_factory.mktemp("vl"), vision=True, seed=0))
+    processor = AutoProcessor.from_pretrained(path)
+    config = load_config("frozenlake") | {"render": "image", "image_size": 56, "prompt": "brief"}
+    demos = make_demonstrations("frozenlake", config, processor.tokenizer, range(8),
+                                action_noise=0.4, rng_seed=0,
+                                vision=VisionTokens.from_pretrained(path))
+
+    text = make_demonstrations("frozenlake", config | {"render": "text"}, processor.tokenizer,
+                               [100], action_noise=0.4, rng_seed=0)
+
+    def model():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+
+    return SimpleNamespace(path=path, processor=processor, demos=demos, text=text, model=model)
+
+
+def _hand_loss(model, processor, trajectories) -> float:
+    """Each trajectory alone, unpadded, through transformers with its images as the processor
+    prepares them; the cross-entropy summed over every policy token, over their number."""
+    from transport.images import decode_image
+
+    total, count = 0.0, 0
+    for t in trajectories:
+        ids = torch.as_tensor(t.token_ids.astype(np.int64))[None]
+        inputs = {}
+        if t.images:
+            pictures = [decode_image(i) for i in t.images]
+            px = processor.image_processor(images=pictures, return_tensors="pt")
+            types = processor.create_mm_token_type_ids(ids.tolist())
+            inputs = {"pixel_values": px["pixel_values"], "image_grid_thw": px["image_grid_thw"],
+                      "mm_token_type_ids": torch.as_tensor(types)}
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids, **inputs).logits[0].float(), -1)
+        mask = torch.as_tensor(t.loss_mask)[1:]
+        total -= float(logp[:-1].gather(1, ids[0, 1:, None])[:, 0][mask].sum())
+        count += int(mask.sum())
+    return total / count
+
+
+def test_sft_loss_on_an_image_batch_equals_transformers_with_the_images(vlm):
+    from learner.sft import image_inputs
+    from learner.vision import ImageInputs
+
+    model, images = vlm.model(), ImageInputs(vlm.path)
+    # Rows of different lengths and image counts, and one without images: padding, the order in
+    # which the images fill the pad runs, and a text row in an image batch.
+    trajs = [*sorted(vlm.demos, key=lambda t: len(t.images))[-3:], *vlm.text, vlm.demos[0]]
+    assert len({len(t.images) for t in trajs}) >= 3
+    batch = collate(trajs, pad_id=vlm.processor.tokenizer.pad_token_id)
+    inputs = image_inputs(images, trajs, batch)
+    assert inputs["image_grid_thw"].shape[0] == sum(len(t.images) for t in trajs)
+    with torch.no_grad():
+        loss, metrics = sft_loss(model, batch, inputs)
+    assert loss.item() == pytest.approx(_hand_loss(model, vlm.processor, trajs), rel=2e-6)
+    assert metrics["sft/tokens"] == sum(int(t.loss_mask.sum()) for t in trajs)
+    # The check can fail: the same ids without their images are scored otherwise.
+    with torch.no_grad():
+        blind, _ = sft_loss(model, batch)
+    assert abs(blind.item() - loss.item()) > 1e-4
+
+
+def test_image_trajectories_need_the_image_inputs(vlm):
+    from learner.sft import image_inputs
+
+    batch = collate(vlm.demos[:2])
+    with pytest.raises(ValueError, match="image inputs"):
+        image_inputs(None, vlm.demos[:2], batch)
+    with pytest.raises(ValueError, match="image inputs"):
+        train_sft(vlm.model(), vlm.demos, steps=1, batch_size=2, lr=1e-3, seed=0)
+
+
+def test_train_sft_lowers_the_loss_on_image_demonstrations(vlm):
+    from learner.vision import ImageInputs
+
+    model = vlm.model()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    history = train_sft(model, vlm.demos, steps=12, batch_size=4, lr=3e-3, seed=0,
+                        pad_id=vlm.processor.tokenizer.pad_token_id, images=ImageInputs(vlm.path))
+    losses = [h["sft/loss"] for h in history]
+    assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3])
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert any(k.startswith("model.visual.") for k in moved)  # the images reach the gradient
+    assert any(k.startswith("model.language_model.") for k in moved)

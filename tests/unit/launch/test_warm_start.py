@@ -1,0 +1,55 @@
+"""launch/warm_start.py from the command line, a few steps on the tiny models: the text model on
+text FrozenLake, the tiny Qwen2-VL on FrozenLake rendered as pictures (``--render image``). The
+output is a model directory the next stage loads (for the VLM: with its processor), trained."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+
+import pytest
+import torch
+
+from launch.tiny_model import build_tiny_model
+from launch.warm_start import PROCESSOR_FILES, main
+
+
+@pytest.mark.parametrize("vision", [False, True], ids=["text", "image"])
+def test_warm_start_writes_a_trained_model_the_next_stage_loads(tmp_path, vision):
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+    from actors.vision import VisionTokens
+
+    base = build_tiny_model(tmp_path / "base", vision=vision, seed=0)
+    render = ["--render", "image", "--image-size", "56"] if vision else []
+    out = main(["--model", str(base), "--out", str(tmp_path / "out"), "--prompt", "brief",
+                *render, "--seeds", "8", "--steps", "3", "--batch-size", "4", "--log-every", "1",
+                "--eval-seeds", "2", "--max-new-tokens", "8"])
+
+    records = [json.loads(line) for line in (out / "warm_start.jsonl").read_text().splitlines()]
+    assert records[0]["demo/episodes"] == 8
+    assert [r["step"] for r in records if "sft/loss" in r] == [1.0, 2.0, 3.0]
+    evals = [(r["step"], r["eval/episodes"]) for r in records if "eval/episodes" in r]
+    assert evals == [(0, 2.0), (3, 2.0)]
+
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    before, after = (auto.from_pretrained(p, dtype=torch.float32).state_dict() for p in (base, out))
+    assert before.keys() == after.keys()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert AutoTokenizer.from_pretrained(out).encode("<answer>Left</answer>") == \
+        AutoTokenizer.from_pretrained(base).encode("<answer>Left</answer>")
+    if vision:  # the actor reads the same image tokens from the warm start as from its base
+        assert all(filecmp.cmp(base / name, out / name, shallow=False) for name in PROCESSOR_FILES)
+        assert (VisionTokens.from_pretrained(str(out)).placeholder ==
+                VisionTokens.from_pretrained(str(base)).placeholder)
+        assert any(k.startswith("model.visual.") and not torch.equal(before[k], after[k])
+                   for k in before)
+    else:
+        assert VisionTokens.from_pretrained(str(out)) is None
+
+
+def test_an_image_env_needs_a_vision_language_model(tmp_path):
+    base = build_tiny_model(tmp_path / "base", seed=0)
+    with pytest.raises(ValueError, match="vision tokens"):
+        main(["--model", str(base), "--out", str(tmp_path / "out"), "--render", "image",
+              "--seeds", "2", "--steps", "1"])
