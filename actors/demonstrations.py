@@ -13,10 +13,12 @@ Invariants:
   box) lies. ``free_think`` thinks the observation and the reasoning; ``no_think`` answers only.
 - Actions: ``actions_per_turn`` per turn (default: the env's maximum), each the solver's next
   move replanned from the current state, replaced with probability ``action_noise`` by a
-  mistake: a uniformly random action (``mistake="random"``) or the reverse of the solver's move
-  (``mistake="reverse"``: a systematic error, which greedy decoding does not average out once it
-  is the likelier choice); once no solution exists (a box in a corner) every action is random. A
-  turn stops early where the episode ends (goal, hole), as the env would stop executing.
+  mistake: a uniformly random action (``mistake="random"``), or a systematic one, which greedy
+  decoding does not average out once it is the likelier choice: the solver's move reversed
+  (``"reverse"``), the episode's previous action again (``"repeat"``; the first move is the
+  solver's), or always the first action of the action space (``"habit"``: FrozenLake's Left,
+  Sokoban's Up). Once no solution exists (a box in a corner) every action is random. A turn
+  stops early where the episode ends (goal, hole), as the env would stop executing.
 - Tokens come from actors.episode.ChatContext as in ``run_episode``: the observation through the
   chat template, the answer as a stopped Generation (``tokenizer.encode(answer)`` + EOS, log-prob
   0, version 0), so ``loss_mask`` is True on exactly the answers and their end-of-turn tokens.
@@ -55,7 +57,7 @@ _SECTIONS = {
     "worldmodeling": ("reasoning", "prediction"),
     "grounding_worldmodeling": ("observation", "reasoning", "prediction"),
 }
-MISTAKES = ("random", "reverse")
+MISTAKES = ("random", "reverse", "repeat", "habit")
 _REVERSE = {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"}
 
 
@@ -92,9 +94,10 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
              index: int, rng: np.random.Generator, noise: float, mistake: str, k: int) -> Trajectory:
     ctx = ChatContext(tokenizer, env.system_prompt(), vision)
     obs = env.reset(seed)
-    rewards, success, random_actions, n_actions = [], False, 0, 0
+    rewards, success, random_actions, n_actions, played = [], False, 0, 0, []
     while True:
-        actions, after, n_random = _choose(env.game, rng, noise, mistake, k)
+        actions, after, n_random = _choose(env.game, rng, noise, mistake, k, played)
+        played += actions
         answer = _answer(env.format, env.action_sep, state=env.state_text(),
                          reasoning=_reasoning(env.game), prediction=after, actions=actions)
         ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
@@ -113,17 +116,25 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
                              env_name=env_name, seed=seed, group_id=index, metrics=metrics)
 
 
-def _choose(game, rng: np.random.Generator, noise: float, mistake: str,
-            k: int) -> tuple[list[str], str, int]:
-    """(the turn's actions, the state text after them, how many were mistakes), on a game copy."""
+def _choose(game, rng: np.random.Generator, noise: float, mistake: str, k: int,
+            played: list[str]) -> tuple[list[str], str, int]:
+    """(the turn's actions, the state text after them, how many were mistakes), on a game copy;
+    ``played``: the episode's actions before this turn."""
     sim = copy.deepcopy(game)
     actions, n_random = [], 0
     for _ in range(k):
         plan = sim.solve()
+        previous = (played + actions)[-1:]
         if plan and rng.random() >= noise:
             action = plan[0]
         elif plan and mistake == "reverse":
             action = _REVERSE[plan[0]]
+            n_random += 1
+        elif plan and mistake == "repeat":
+            action = previous[0] if previous else plan[0]
+            n_random += bool(previous)
+        elif plan and mistake == "habit":
+            action = sim.action_space[0]
             n_random += 1
         else:
             action = sim.action_space[int(rng.integers(len(sim.action_space)))]

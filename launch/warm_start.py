@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from actors.demonstrations import MISTAKES, make_demonstrations
+
 EVAL_SEED_OFFSET = 1_000_000
 """The first held-out seed (configs/train.yaml ``train.eval_seed_offset``)."""
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json",
@@ -55,7 +57,6 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
                               AutoTokenizer)
 
-    from actors.demonstrations import make_demonstrations
     from actors.vision import VisionTokens
     from launch.hf_episodes import evaluate_hf
     from learner.sft import train_sft
@@ -143,9 +144,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image-size", type=int, help="pixels per side of an image observation")
     p.add_argument("--seeds", type=int, default=2000, help="demonstration episodes")
     p.add_argument("--seed-offset", type=int, default=0, help="first demonstration seed")
-    p.add_argument("--noise", type=float, default=0.4, help="share of random actions")
-    p.add_argument("--mistake", choices=("random", "reverse"), default="random",
-                   help="what a noisy action is: a random one, or the reverse of the solver's")
+    p.add_argument("--noise", type=float, default=0.4, help="share of actions replaced by a mistake")
+    p.add_argument("--mistake", choices=MISTAKES, default="random",
+                   help="what a noisy action is (actors/demonstrations.py)")
     p.add_argument("--actions-per-turn", type=int,
                    help="actions in each demonstrated turn (default: the env's maximum)")
     p.add_argument("--steps", type=int, default=300)

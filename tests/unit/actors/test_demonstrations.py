@@ -120,32 +120,46 @@ def test_noise_is_the_share_of_random_actions_and_costs_success(tokenizer):
     assert 0.3 < np.mean([d.metrics["success"] for d in demos]) < 1.0
 
 
+_REVERSE = {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"}
+_MISTAKE = {  # (the solver's move, the episode's previous action, the action space) -> mistake
+    "reverse": lambda move, previous, space: _REVERSE[move],
+    "repeat": lambda move, previous, space: previous or move,
+    "habit": lambda move, previous, space: space[0],
+}
+
+
 @pytest.mark.parametrize("name", ENVS)
-def test_reverse_mistakes_undo_the_solver_move_and_nothing_else(tokenizer, name):
-    """Each action is the solver's move from the state it is played in, or that move reversed;
-    at noise 1 always reversed (while a solution exists). Replayed move by move on a copy."""
+@pytest.mark.parametrize("mistake", sorted(_MISTAKE))
+def test_systematic_mistakes_are_the_named_error_and_nothing_else(tokenizer, name, mistake):
+    """Each action is the solver's move from the state it is played in, or the named mistake
+    (the move reversed, the previous action again, the first action of the space); at noise 1
+    always the mistake (while a solution exists). Replayed move by move on a copy of the game."""
     config = load_config(name)
-    reverse = {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"}
     for noise in (0.5, 1.0):
         demos = make_demonstrations(name, config, tokenizer, range(30), action_noise=noise,
-                                    rng_seed=0, mistake="reverse")
-        kinds = []
+                                    rng_seed=0, mistake=mistake)
+        wrong, chosen = [], []  # per action: the mistake, and whether it was played (if it differs)
         for traj in demos:
             env = make(name, **config)
             env.reset(traj.seed)
+            previous = None
             for answer in _answers(traj, tokenizer):
                 sim = copy.deepcopy(env.game)
                 for action in parse(answer, config["format"]).actions:
                     plan = sim.solve()
                     if plan:
-                        assert action in (plan[0], reverse[plan[0]])
-                        kinds.append(action == reverse[plan[0]])
+                        mistake_action = _MISTAKE[mistake](plan[0], previous, sim.action_space)
+                        assert action in (plan[0], mistake_action)
+                        wrong.append(action == mistake_action)
+                        if mistake_action != plan[0]:
+                            chosen.append(action == mistake_action)
                     sim.move(action)
+                    previous = action
                 env.step(answer)
         if noise == 1.0:
-            assert all(kinds) and all(d.metrics["random_action_share"] == 1.0 for d in demos)
+            assert all(wrong)
         else:
-            assert 0.35 < np.mean(kinds) < 0.65
+            assert 0.35 < np.mean(chosen) < 0.65 and len(chosen) > 40
 
 
 def test_deterministic_in_rng_seed_and_independent_of_the_other_seeds(tokenizer):
