@@ -54,13 +54,12 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     (0: only before and after) and after the last step; its results go to warm_start.jsonl.
     """
     import torch
-    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
-                              AutoTokenizer)
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     from actors.vision import VisionTokens
     from launch.hf_episodes import evaluate_hf
     from learner.sft import train_sft
-    from learner.vision import ImageInputs, is_vision_config
+    from learner.vision import ImageInputs
 
     if seed_offset + n_seeds > EVAL_SEED_OFFSET:
         raise ValueError(f"demonstration seeds reach {seed_offset + n_seeds}, into the "
@@ -69,12 +68,11 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     out.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    vlm = is_vision_config(AutoConfig.from_pretrained(model_path))
     # A VLM: the actor's image tokens for the demonstrations and the evaluation, the learner's
     # image inputs for SFT (the same processor files, read by each side's own code).
-    vision = VisionTokens.from_pretrained(str(model_path)) if vlm else None
-    images = ImageInputs(str(model_path)) if vlm else None
-    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+    vision = VisionTokens.from_pretrained(str(model_path))  # None: a text-only model
+    images = ImageInputs(str(model_path)) if vision is not None else None
+    auto = AutoModelForCausalLM if vision is None else AutoModelForImageTextToText
     model = auto.from_pretrained(model_path, dtype=torch.float32).to(device)
     t0 = time.perf_counter()
     demos = make_demonstrations(env_name, env_config, tokenizer,
@@ -109,7 +107,7 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
             evaluate(steps)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    if vlm:
+    if vision is not None:
         _copy_processor_files(Path(model_path), out)
     return out
 
