@@ -94,10 +94,10 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
              index: int, rng: np.random.Generator, noise: float, mistake: str, k: int) -> Trajectory:
     ctx = ChatContext(tokenizer, env.system_prompt(), vision)
     obs = env.reset(seed)
-    rewards, success, random_actions, n_actions, played = [], False, 0, 0, []
+    rewards, success, random_actions, n_actions, previous = [], False, 0, 0, None
     while True:
-        actions, after, n_random = _choose(env.game, rng, noise, mistake, k, played)
-        played += actions
+        actions, after, n_random = _choose(env.game, rng, noise, mistake, k, previous)
+        previous = actions[-1]
         answer = _answer(env.format, env.action_sep, state=env.state_text(),
                          reasoning=_reasoning(env.game), prediction=after, actions=actions)
         ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
@@ -117,22 +117,21 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
 
 
 def _choose(game, rng: np.random.Generator, noise: float, mistake: str, k: int,
-            played: list[str]) -> tuple[list[str], str, int]:
+            previous: str | None) -> tuple[list[str], str, int]:
     """(the turn's actions, the state text after them, how many were mistakes), on a game copy;
-    ``played``: the episode's actions before this turn."""
+    ``previous``: the episode's last action before this turn (None at its start)."""
     sim = copy.deepcopy(game)
     actions, n_random = [], 0
     for _ in range(k):
         plan = sim.solve()
-        previous = (played + actions)[-1:]
         if plan and rng.random() >= noise:
             action = plan[0]
         elif plan and mistake == "reverse":
             action = _REVERSE[plan[0]]
             n_random += 1
         elif plan and mistake == "repeat":
-            action = previous[0] if previous else plan[0]
-            n_random += bool(previous)
+            action = previous or plan[0]
+            n_random += previous is not None
         elif plan and mistake == "habit":
             action = sim.action_space[0]
             n_random += 1
@@ -140,6 +139,7 @@ def _choose(game, rng: np.random.Generator, noise: float, mistake: str, k: int,
             action = sim.action_space[int(rng.integers(len(sim.action_space)))]
             n_random += 1
         actions.append(action)
+        previous = action
         if sim.move(action)[1]:  # the episode ends here: the env executes nothing after it
             break
     return actions, describe(*sim.objects()), n_random

@@ -44,8 +44,8 @@ PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json",
 def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
                env_config: Mapping[str, Any], n_seeds: int, seed_offset: int = 0,
                action_noise: float, steps: int, batch_size: int, lr: float, seed: int,
-               actions_per_turn: int | None = None, mistake: str = "random", schedule: str = "constant", warmup: int = 0,
-               log_every: int = 10,
+               actions_per_turn: int | None = None, mistake: str = "random",
+               schedule: str = "constant", warmup: int = 0, log_every: int = 10,
                eval_seeds: Sequence[int] = (), eval_every: int = 0,
                max_new_tokens: int = 256) -> Path:
     """Fine-tune ``model_path`` on demonstrations of ``env_name``; returns ``out_dir``.
