@@ -15,6 +15,7 @@ cache for VLMs, actors/vision.py): KV computed with the old weights must not be 
 
 from __future__ import annotations
 
+from transport import heap
 from transport.weights import WeightSubscriber
 
 
@@ -33,6 +34,8 @@ class WeightSyncExtension:
             raise RuntimeError("join_weight_group first")
         version, named_tensors = self._weight_subscriber.receive()
         self.reload_weights(weights_iterator=named_tensors)
+        del named_tensors
+        heap.trim()  # the broadcast's buffers and the previous weights' blocks (transport/heap.py)
         return version
 
     def leave_weight_group(self) -> None:

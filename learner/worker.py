@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from learner.config import TrainerConfig
 from learner.trainer import Trainer
+from transport import heap
 from transport.buffer import TrajectoryBuffer
 from transport.schema import Trajectory
 from transport.stream import TrajectoryReceiver
@@ -168,6 +169,9 @@ class LearnerWorker:
         metrics = self.trainer.train_step(trajectories, self.version)
         self.version += 1
         self._last_batch = trajectories
+        t_trim = time.perf_counter()
+        heap.trim()  # this step's (and the last publish's) freed blocks: see transport/heap.py
+        metrics["timing/trim_s"] = time.perf_counter() - t_trim
         metrics.update(_episode_metrics(trajectories))
         metrics["timing/wait_batch_s"] = waited
         metrics["learner/version"] = float(self.version)
