@@ -37,7 +37,7 @@ def decode_image(image: EncodedImage) -> np.ndarray:
 
     try:
         with Image.open(io.BytesIO(image.png)) as im:
-            rgb = np.asarray(im.convert("RGB"))
+            rgb = np.array(im.convert("RGB"))  # writable: torch and transformers warn on read-only
     except (UnidentifiedImageError, OSError) as e:
         raise ValueError(f"not a readable PNG image: {e}") from None
     if rgb.shape[:2] != (image.height, image.width):

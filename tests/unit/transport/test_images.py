@@ -15,7 +15,9 @@ def test_png_round_trip_is_exact():
         rgb = rng.integers(0, 256, shape, dtype=np.uint8)
         image = encode_image(rgb)
         assert (image.height, image.width) == shape[:2]
-        np.testing.assert_array_equal(decode_image(image), rgb)
+        decoded = decode_image(image)
+        np.testing.assert_array_equal(decoded, rgb)
+        assert decoded.flags.writeable  # torch.from_numpy warns on read-only arrays
 
 
 def test_bad_images_raise_value_error():
