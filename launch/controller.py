@@ -124,6 +124,7 @@ def prepare_model(cfg, run_dir: Path) -> str:
         if not (base / "config.json").exists():
             build_tiny_model(base, seed=cfg.model.build_seed, vision=cfg.model.get("vision", False))
         path = str(base)
+    _check_sees_images(cfg, str(path))
     if not cfg.warm_start.enabled:
         return str(path)
     out = run_dir / "warm-start"
@@ -145,6 +146,22 @@ def prepare_model(cfg, run_dir: Path) -> str:
         steps=ws.steps,
         batch_size=ws.batch_size, lr=ws.lr,
         schedule=ws.schedule, warmup=ws.warmup, seed=cfg.seed)))
+
+
+def _check_sees_images(cfg, path: str) -> None:
+    """Before any process starts: an env that renders images needs a vision-language model.
+    A path this process cannot read (a hub id on a cluster's nodes) is left to the actors."""
+    if cfg.env.get("render", "text") != "image":
+        return
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return
+    if not hasattr(config, "vision_config"):
+        raise ValueError(f"env.render=image needs a vision-language model; {path} is a text model "
+                         "(model.vision=true builds a tiny one)")
 
 
 def _warm_start_task(threads: int, *args, **kwargs) -> Path:

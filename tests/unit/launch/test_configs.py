@@ -8,8 +8,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from launch.controller import actor_config, trainer_config
+from launch.controller import actor_config, prepare_model, trainer_config
 from launch.supervisor import _episodes_per_actor
+from launch.tiny_model import build_tiny_model
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -85,3 +86,13 @@ def test_episode_budget(step, ahead, stale, dropped, actors, group, expected):
                          actors=actors, group_size=group)
     assert got == expected and got % group == 0
     assert got * actors >= (step + 1 + min(ahead, stale)) * 32 + dropped
+
+
+def test_an_image_env_with_a_text_model_fails_before_anything_starts(tmp_path):
+    text = str(build_tiny_model(tmp_path / "text", seed=0))
+    vlm = str(build_tiny_model(tmp_path / "vlm", seed=0, vision=True))
+    with pytest.raises(ValueError, match="needs a vision-language model"):
+        prepare_model(_compose(f"model.path={text}", "env.render=image"), tmp_path)
+    for model, render in [(vlm, "image"), (text, "text")]:
+        cfg = _compose(f"model.path={model}", f"env.render={render}", "warm_start.enabled=false")
+        assert prepare_model(cfg, tmp_path) == model
