@@ -34,8 +34,7 @@ class WeightSyncExtension:
             raise RuntimeError("join_weight_group first")
         version, named_tensors = self._weight_subscriber.receive()
         self.reload_weights(weights_iterator=named_tensors)
-        del named_tensors
-        heap.trim()  # the broadcast's buffers and the previous weights' blocks (transport/heap.py)
+        heap.trim()  # what the reload freed; the subscriber's buffers stay (transport/heap.py)
         return version
 
     def leave_weight_group(self) -> None:

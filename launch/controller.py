@@ -155,11 +155,13 @@ def _check_sees_images(cfg, path: str) -> None:
         return
     from transformers import AutoConfig
 
+    from learner.vision import is_vision_config
+
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError):
         return
-    if not hasattr(config, "vision_config"):
+    if not is_vision_config(config):
         raise ValueError(f"env.render=image needs a vision-language model; {path} is a text model "
                          "(model.vision=true builds a tiny one)")
 
