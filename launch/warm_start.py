@@ -39,6 +39,8 @@ EVAL_SEED_OFFSET = 1_000_000
 """The first held-out seed (configs/train.yaml ``train.eval_seed_offset``)."""
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json",
                    "processor_config.json")
+TRAIN_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
+"""The root config; its ``warm_start`` section gives the command line its defaults."""
 
 
 def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
@@ -129,7 +131,16 @@ def _demo_summary(demos: list, seconds: float) -> dict[str, float]:
             "demo/policy_tokens": sum(int(d.loss_mask.sum()) for d in demos)}
 
 
+def config_defaults(path: Path = TRAIN_CONFIG) -> dict[str, Any]:
+    """The ``warm_start`` section of the root config: what ``make train`` warm-starts with."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        return (yaml.safe_load(f) or {})["warm_start"]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d = config_defaults()
     p = argparse.ArgumentParser(prog="python -m launch.warm_start",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="Hugging Face model directory to start from")
@@ -140,19 +151,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--render", choices=("text", "image"),
                    help="observations (default: the env config's); image needs a VLM")
     p.add_argument("--image-size", type=int, help="pixels per side of an image observation")
-    p.add_argument("--seeds", type=int, default=2000, help="demonstration episodes")
+    p.add_argument("--seeds", type=int, default=d["seeds"], help="demonstration episodes")
     p.add_argument("--seed-offset", type=int, default=0, help="first demonstration seed")
-    p.add_argument("--noise", type=float, default=0.4, help="share of actions replaced by a mistake")
-    p.add_argument("--mistake", choices=MISTAKES, default="random",
+    p.add_argument("--noise", type=float, default=d["action_noise"], help="share of actions replaced by a mistake")
+    p.add_argument("--mistake", choices=MISTAKES, default=d["mistake"],
                    help="what a noisy action is (actors/demonstrations.py)")
-    p.add_argument("--actions-per-turn", type=int,
+    p.add_argument("--actions-per-turn", type=int, default=d["actions_per_turn"],
                    help="actions in each demonstrated turn (default: the env's maximum)")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+    p.add_argument("--steps", type=int, default=d["steps"])
+    p.add_argument("--batch-size", type=int, default=d["batch_size"])
+    p.add_argument("--lr", type=float, default=d["lr"])
+    p.add_argument("--schedule", choices=("constant", "cosine"), default=d["schedule"],
                    help="learning rate: constant, or warm-up then cosine decay to 0")
-    p.add_argument("--warmup", type=int, default=0, help="warm-up steps (cosine)")
+    p.add_argument("--warmup", type=int, default=d["warmup"], help="warm-up steps (cosine)")
     p.add_argument("--seed", type=int, default=0, help="demonstration noise and batch order")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-seeds", type=int, default=0,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from launch.tiny_model import build_tiny_model
-from launch.warm_start import PROCESSOR_FILES, main
+from launch.warm_start import PROCESSOR_FILES, config_defaults, main, parse_args
 
 
 @pytest.mark.parametrize("vision", [False, True], ids=["text", "image"])
@@ -53,3 +53,16 @@ def test_an_image_env_needs_a_vision_language_model(tmp_path):
     with pytest.raises(ValueError, match="vision tokens"):
         main(["--model", str(base), "--out", str(tmp_path / "out"), "--render", "image",
               "--seeds", "2", "--steps", "1"])
+
+
+def test_command_line_defaults_are_the_root_configs_warm_start():
+    """``python -m launch.warm_start`` with no tuning flags warm-starts as ``make train`` does."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.load("configs/train.yaml").warm_start
+    args = parse_args(["--model", "m", "--out", "o"])
+    assert (args.seeds, args.noise, args.mistake, args.actions_per_turn) == \
+        (config.seeds, config.action_noise, config.mistake, config.actions_per_turn)
+    assert (args.steps, args.batch_size, args.lr, args.schedule, args.warmup) == \
+        (config.steps, config.batch_size, config.lr, config.schedule, config.warmup)
+    assert config_defaults() == OmegaConf.to_container(config)
