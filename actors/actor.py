@@ -371,8 +371,9 @@ class InferenceActor:
         self._require_started()
         results = await asyncio.gather(*(self._play(seed, -1, temperature, 1.0, False) for seed in seeds))
         done = [r.metrics for r in results if r.trajectory is not None]
-        out = {key: float(np.mean([m[key] for m in done])) if done else 0.0
-               for key in ("success", "reward", "format_correct", "turns")}
+        keys = ["success", "reward", "format_correct", "turns"]
+        keys += sorted({k for m in done for k in m if k.endswith("_score")})  # the judge's, if any
+        out = {key: float(np.mean([m.get(key, 0.0) for m in done])) if done else 0.0 for key in keys}
         return {**out, "n": len(done)}
 
     async def stats(self) -> dict[str, Any]:

@@ -16,6 +16,10 @@ Invariants:
   truncated answer) is the environment's: mask False, log-prob 0, version -1.
 - ``turn_end`` marks the last generated token of each turn; ``turn_rewards[t]`` is turn t's
   reward from the env. A turn whose answer is empty cannot carry a reward: the episode ends there.
+- ``EpisodeResult.metrics`` (also the trajectory's): success, turns, reward, format_correct,
+  token counts and times; with a reasoning judge, ``observation_score`` and ``prediction_score``,
+  the means over the episode's turns of the judge's scores (``reasoning/*_score`` in the env's
+  per-turn metrics; 0 for a turn out of format).
 - Images (a VLM, actors/vision.py): each observation's images become the model's pad runs, in
   order, and the trajectory carries them. An answer holding a vision token (the model wrote an
   image placeholder) fails the episode ("vision_token_generated"): it cannot be trained on.
@@ -195,6 +199,7 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
         return EpisodeResult(None, failure=reason)
     ctx = ChatContext(tokenizer, system, vision)
     rewards: list[float] = []
+    scores: dict[str, float] = {}  # the reasoning judge's scores, summed over turns
     success = format_ok = 0.0
     gen_s = env_s = 0.0
     generated = 0
@@ -219,6 +224,10 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
         rewards.append(float(result.reward))
         success = float(result.info.get("success", False))
         format_ok += float(result.info.get("format_correct", False))
+        for key, value in result.info.get("metrics", {}).items():
+            if key.startswith("reasoning/") and key.endswith("_score"):
+                name = key.removeprefix("reasoning/")
+                scores[name] = scores.get(name, 0.0) + float(value)
         obs = result.observation
         if result.done:
             break
@@ -229,7 +238,7 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
         "format_correct": format_ok / len(rewards), "generated_tokens": float(generated),
         "context_tokens": float(len(ctx.token_ids)), "generate_s": gen_s, "env_s": env_s,
         "episode_s": time.perf_counter() - t0,
-    }
+    } | {name: total / len(rewards) for name, total in scores.items()}
     traj = ctx.to_trajectory(rewards, run_id=run_id, actor_id=actor_id, episode_id=episode_id,
                              env_name=env_name, seed=seed, group_id=group_id, metrics=metrics,
                              created_at=time.time())

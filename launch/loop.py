@@ -92,6 +92,12 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def _eval_text(record: dict[str, Any]) -> str:
+    """"success 0.438 | observation 0.71 | prediction 0.52": the judge's scores where the env has one."""
+    scores = [f"{k.removesuffix('_score')} {v:.2f}" for k, v in record.items() if k.endswith("_score")]
+    return " | ".join([f"success {record['success']:.3f}", *scores])
+
+
 def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop: Stop) -> dict[str, Any]:
     """From started processes to the final checkpoint; returns the summary's results."""
     import ray
@@ -105,7 +111,7 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
         push_weights(procs, step)  # the actors' engines start from the model path, not the checkpoint
     seeds = list(range(t.eval_seed_offset, t.eval_seed_offset + t.eval_seeds))
     evals = [logger.log("eval", step, evaluate(procs, seeds))]
-    print(f"eval before RL: success {evals[-1]['success']:.3f} on {len(seeds)} seeds", flush=True)
+    print(f"eval before RL: {_eval_text(evals[-1])} on {len(seeds)} seeds", flush=True)
     supervisor = Supervisor(cfg, procs)
     if t.mode == "async":
         supervisor.start_runs(step)
@@ -129,7 +135,7 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
             logger.progress(record)
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
             evals.append(logger.log("eval", step, evaluate(procs, seeds)))
-            print(f"eval at step {step}: success {evals[-1]['success']:.3f}", flush=True)
+            print(f"eval at step {step}: {_eval_text(evals[-1])}", flush=True)
         if t.checkpoint_every and step % t.checkpoint_every == 0:
             _checkpoint(procs, checkpoint, step)
     if procs.runs:
@@ -137,7 +143,7 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
         ray.get(procs.runs)
     if evals[-1]["step"] != step and not stop.requested:  # a stop request leaves quickly
         evals.append(logger.log("eval", step, evaluate(procs, seeds)))
-    print(f"eval after RL: success {evals[-1]['success']:.3f}", flush=True)
+    print(f"eval after RL: {_eval_text(evals[-1])}", flush=True)
     _checkpoint(procs, checkpoint, step)
     ray.get([w.save_hf.remote(str(run_dir / "final-model")) for w in procs.learners])
     (run_dir / "samples.txt").write_text(ray.get(procs.learners[0].samples_text.remote(t.save_samples)))

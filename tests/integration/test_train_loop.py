@@ -38,9 +38,11 @@ def test_short_run_keeps_its_promises(tmp_path, mode):
     evals = [r for r in rows if r["kind"] == "eval"]
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
     assert [r["step"] for r in evals] == [0, 2, 4] and all(e["n"] == 8 for e in evals)
+    assert all(0 <= e["observation_score"] <= 1 for e in evals)  # the reasoning judge's, per eval
     for r in train_rows:
         assert r["policy/staleness_max"] <= 1  # the bound (on_stale=drop)
-        for key in ("loss/value", "rollout/success", "rollout/reward", "weights/push_s"):
+        for key in ("loss/value", "rollout/success", "rollout/reward", "rollout/observation_score",
+                    "weights/push_s"):
             assert key in r and r[key] == r[key]  # present and not NaN
         # critic warm-up: step 1 trains only the critic, the policy from step 2 on
         assert ("loss/policy" in r) == (r["step"] > 1) and ("optim/grad_norm" in r) == (r["step"] > 1)

@@ -253,8 +253,11 @@ def test_evaluate_plays_greedy_episodes_without_sending(tokenizer):
         return out, stats
 
     out, stats = asyncio.run(scenario())
-    assert set(out) == {"success", "reward", "format_correct", "turns", "n"}
+    # FrozenLake's rule judge scores the answers: its means come with the episode metrics.
+    assert set(out) == {"success", "reward", "format_correct", "turns", "n",
+                        "observation_score", "prediction_score"}
     assert out["n"] == 5 and 1 <= out["turns"] <= 3
+    assert 0 <= out["observation_score"] <= 1 and 0 <= out["prediction_score"] <= 1
     assert stats["episodes_done"] == 0  # evaluation is not training
 
 

@@ -156,3 +156,29 @@ def test_generation_from_vllm_labels_each_token_with_its_span_version():
     plain = Generation.from_vllm(NS(token_ids=ids[:2], finish_reason="stop", logprobs=None,
                                     weight_versions=None), version=9, logprobs=False)
     assert (plain.logprobs, plain.versions, plain.stopped) == ([0.0, 0.0], [9, 9], True)
+
+
+def test_reasoning_scores_are_the_mean_over_turns_of_the_judges(tokenizer):
+    """Turn 1 states the true map (observation score 1), turn 2 a wrong one (0), turn 3 is out
+    of format (0): the episode's observation_score is 1/3. No judge: no score keys."""
+    env = make("frozenlake", **load_config("frozenlake"))
+    env.reset(3)
+    truth = env.state_text()
+    answers = [f"<think><observation>{truth}</observation><reasoning>go</reasoning>"
+               "<prediction>closer</prediction></think><answer>Down</answer>",
+               "<think><observation>nothing</observation><reasoning>go</reasoning>"
+               "<prediction>closer</prediction></think><answer>Up</answer>",
+               "<answer>Up</answer>"]
+    generate, _ = scripted(tokenizer, answers)
+    result = asyncio.run(run_episode(generate, OneEnvClient(make("frozenlake", **load_config("frozenlake"))),
+                                     0, 3, tokenizer, max_turns=3, max_context=4096))
+    assert result.metrics["turns"] == 3.0
+    assert result.metrics["observation_score"] == pytest.approx(1 / 3)
+    assert result.metrics["prediction_score"] == 0.0
+    assert result.trajectory.metrics == result.metrics  # they travel to the learner's rollout/*
+
+    no_judge = make("frozenlake", **(load_config("frozenlake") | {"reasoning_reward": None}))
+    generate, _ = scripted(tokenizer, answers)
+    plain = asyncio.run(run_episode(generate, OneEnvClient(no_judge), 0, 3, tokenizer,
+                                    max_turns=3, max_context=4096))
+    assert not any(k.endswith("_score") for k in plain.metrics)
