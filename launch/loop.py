@@ -13,15 +13,15 @@ before RL, every ``eval_every`` steps and at the end. launch/supervisor.py keeps
 it sets their budgets, and replaces one that crashed (between the learner's waits for a batch,
 or when a weight push fails) without stopping the run.
 
-Invariants: everything started here is stopped here, on success, on error and on SIGTERM (which
-checkpoints first, at the next step boundary); ``<run dir>/summary.json`` is written in every
-case; on ``train.resume`` the step continues from the checkpoint's.
+Invariants: everything started here is stopped here, on success, on error and on SIGTERM or
+Ctrl-C (which checkpoint first, at the next step boundary; a second Ctrl-C leaves at once);
+``<run dir>/summary.json`` is written in every case; on ``train.resume`` the step continues from
+the checkpoint's.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import time
@@ -32,26 +32,29 @@ from launch.controller import Processes, evaluate, init_ray, prepare_model, push
 from launch.metrics import RunLogger
 from launch.supervisor import Supervisor
 
-log = logging.getLogger(__name__)
 WAIT_SLICE_S = 5.0
 """The learner waits for a batch this long per call; the controller checks the actors between."""
 
 
 class Stop:
-    """Set by SIGTERM: the loop checkpoints and leaves at the next step boundary."""
+    """Set by SIGTERM or Ctrl-C (SIGINT): the loop checkpoints and leaves at the next step
+    boundary. A second Ctrl-C raises KeyboardInterrupt: leave now (processes are still shut down)."""
 
     def __init__(self) -> None:
         self.requested = False
         self._old = {}
 
     def __enter__(self) -> "Stop":
-        for sig in (signal.SIGTERM,):
+        for sig in (signal.SIGTERM, signal.SIGINT):
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
-        log.warning("signal %s: checkpointing and stopping after this step", signum)
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
         self.requested = True
+        print(f"{signal.Signals(signum).name}: checkpointing and stopping after this step "
+              "(Ctrl-C again to stop now)", flush=True)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._old.items():

@@ -77,3 +77,29 @@ def test_short_vision_language_run(tmp_path):
     assert set(failed) <= {"failed/vision_token_generated"}  # an untrained VLM may write one
     config = json.loads((tmp_path / "final-model" / "config.json").read_text())
     assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
+
+
+def test_ctrl_c_checkpoints_and_stops_at_the_next_step(tmp_path, monkeypatch):
+    """Ctrl-C (SIGINT to the driver) once the first step is logged: the run stops after that
+    step as on SIGTERM: no more steps or evals, a checkpoint, summary.json saying so, and
+    everything shut down (the next test starts its own Ray)."""
+    import os
+    import signal
+
+    from launch.metrics import RunLogger
+
+    log = RunLogger.log
+
+    def log_then_interrupt(self, kind, step, metrics):
+        record = log(self, kind, step, metrics)
+        if kind == "train" and step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return record
+
+    monkeypatch.setattr(RunLogger, "log", log_then_interrupt)
+    summary = _run(tmp_path, "train.eval_every=0")
+    assert summary["interrupted"] and summary["steps"] == 1
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows] == [("eval", 0), ("train", 1)]
+    assert (tmp_path / "checkpoint" / "extra.pt").exists()
+    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"]
