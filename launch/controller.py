@@ -310,8 +310,8 @@ def evaluate(procs: Processes, seeds: list[int]) -> dict[str, float]:
     n = len(procs.actors)
     parts = ray.get([a.evaluate.remote(seeds[i::n]) for i, a in enumerate(procs.actors)])
     total = sum(p["n"] for p in parts)
-    keys = sorted({k for p in parts if p["n"] for k, v in p.items()
-                   if k != "n" and isinstance(v, (int, float))} or set(parts[0]) - {"n"})
+    counted = [p for p in parts if p["n"]] or parts  # an actor with no episode has no scores
+    keys = sorted({k for p in counted for k, v in p.items() if k != "n" and isinstance(v, (int, float))})
     out = {k: sum(p.get(k, 0.0) * p["n"] for p in parts) / max(total, 1) for k in keys}
     out["n"] = float(total)
     return out

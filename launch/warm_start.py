@@ -153,7 +153,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image-size", type=int, help="pixels per side of an image observation")
     p.add_argument("--seeds", type=int, default=d["seeds"], help="demonstration episodes")
     p.add_argument("--seed-offset", type=int, default=0, help="first demonstration seed")
-    p.add_argument("--noise", type=float, default=d["action_noise"], help="share of actions replaced by a mistake")
+    p.add_argument("--noise", type=float, default=d["action_noise"],
+                   help="share of actions replaced by a mistake")
     p.add_argument("--mistake", choices=MISTAKES, default=d["mistake"],
                    help="what a noisy action is (actors/demonstrations.py)")
     p.add_argument("--actions-per-turn", type=int, default=d["actions_per_turn"],
