@@ -174,6 +174,13 @@ def _template_glue(tokenizer, system: list[dict]) -> tuple[str, list[int]]:
     return tail, []
 
 
+def judge_scores(turn_metrics: dict[str, float]) -> dict[str, float]:
+    """The reasoning judge's scores among an env turn's ``info["metrics"]``, named without the
+    ``reasoning/`` prefix: ``{"observation_score": ..., "prediction_score": ...}`` ({} without a judge)."""
+    return {k.removeprefix("reasoning/"): float(v) for k, v in turn_metrics.items()
+            if k.startswith("reasoning/") and k.endswith("_score")}
+
+
 @dataclass
 class EpisodeResult:
     trajectory: Trajectory | None
@@ -224,10 +231,8 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
         rewards.append(float(result.reward))
         success = float(result.info.get("success", False))
         format_ok += float(result.info.get("format_correct", False))
-        for key, value in result.info.get("metrics", {}).items():
-            if key.startswith("reasoning/") and key.endswith("_score"):
-                name = key.removeprefix("reasoning/")
-                scores[name] = scores.get(name, 0.0) + float(value)
+        for name, value in judge_scores(result.info.get("metrics", {})).items():
+            scores[name] = scores.get(name, 0.0) + value
         obs = result.observation
         if result.done:
             break

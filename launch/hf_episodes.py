@@ -96,11 +96,12 @@ class InProcessEnvs:
         return [self.envs[s].reset(seed) for s, seed in zip(slots, seeds)]
 
     async def step(self, slots, texts):
+        from actors.episode import judge_scores
+
         results = [self.envs[s].step(text) for s, text in zip(slots, texts)]
         for result in results:
-            for key, value in result.info["metrics"].items():
-                if key.startswith("reasoning/") and key.endswith("_score"):
-                    self.scores.setdefault(key.removeprefix("reasoning/"), []).append(value)
+            for name, value in judge_scores(result.info["metrics"]).items():
+                self.scores.setdefault(name, []).append(value)
         return results
 
 
