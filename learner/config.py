@@ -84,7 +84,9 @@ class TrainerConfig:
     kl_in_reward: dict | None = None
     """{kind: k1, coef: c}: reward -= c * (log pi_behaviour - log pi_ref) on policy tokens."""
     kl_loss: dict | None = None
-    """{kind: k1 | k3 | mse, coef: c}: c * KL(pi || pi_ref) added to the policy loss."""
+    """{kind: k1 | k3 | mse, coef: c[, tags: [name, ...]]}: c * KL(pi || pi_ref) added to the
+    policy loss; with ``tags``, only the policy tokens inside those sections of the answers
+    (e.g. [observation]: from <observation> to </observation>) count, the others as 0."""
 
     def __post_init__(self) -> None:
         _one_of("estimator", self.estimator, ESTIMATORS)
@@ -100,8 +102,14 @@ class TrainerConfig:
             raise ValueError("entropy_coef must be in [0, 1] and entropy_adapt_rate >= 0")
         for name, kinds in (("kl_in_reward", ("k1",)), ("kl_loss", losses.KL_KINDS)):
             kl = getattr(self, name)
-            if kl is not None and (set(kl) != {"kind", "coef"} or kl["kind"] not in kinds):
+            keys = {"kind", "coef"} | ({"tags"} if name == "kl_loss" else set())
+            if kl is not None and ({"kind", "coef"} - set(kl) or set(kl) - keys
+                                   or kl["kind"] not in kinds):
                 raise ValueError(f"{name} must be {{kind: one of {kinds}, coef: float}}, got {kl}")
+        if self.kl_loss is not None and "tags" in self.kl_loss:
+            tags = self.kl_loss["tags"]
+            if isinstance(tags, str) or not tags or not all(isinstance(t, str) and t for t in tags):
+                raise ValueError(f"kl_loss.tags must be a non-empty list of tag names, got {tags!r}")
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "TrainerConfig":

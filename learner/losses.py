@@ -182,10 +182,15 @@ def kl_loss(
     *,
     kind: str = "k3",
     agg: str = "token-mean",
+    only: torch.Tensor | None = None,
 ):
-    """KL to the reference policy as a loss term (the caller scales it by its coefficient)."""
+    """KL to the reference policy as a loss term (the caller scales it by its coefficient).
+
+    ``only`` (a subset of ``mask``): the tokens whose KL counts; the others of ``mask`` count as
+    0 but still in the denominator, so the term aggregates like every other over ``mask``."""
     mask = mask.bool()
-    logp, logp_ref = _clean(mask, logp, logp_ref)
+    where = mask if only is None else mask & only.bool()
+    logp, logp_ref = _clean(where, logp, logp_ref)
     per_token = kl_divergence(logp, logp_ref, kind)
     loss = aggregate(per_token, mask, agg)
     return loss, {"kl": float(loss.detach())}

@@ -55,6 +55,7 @@ from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
 from learner.metrics import StepMetrics, batch_metrics, explained_variance
 from learner.models import ValueModel, load_model, token_logprobs
 from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
+from learner.spans import TagSpans
 from learner.value_norm import ValueNorm
 from learner.vision import ImageInputs, is_vision_config
 from transport.schema import Trajectory
@@ -92,6 +93,12 @@ class Trainer:
             self.critic_optim = self._adamw(self.critic, cfg.critic_lr)
         if cfg.kl_in_reward or cfg.kl_loss:
             self.ref = self._shard(load_model(self._policy_class(), cfg.model_path).requires_grad_(False))
+        self.kl_spans = None  # kl_loss.tags: the policy tokens the KL loss acts on
+        if cfg.kl_loss and cfg.kl_loss.get("tags"):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+            self.kl_spans = TagSpans.from_tokenizer(tokenizer, cfg.kl_loss["tags"])
 
     def _policy_class(self):
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -281,7 +288,9 @@ class Trainer:
         ent_loss, ent_stats = losses.entropy_loss(entropy, mask, agg=cfg.agg)
         total = loss + self.entropy_coef * ent_loss
         if cfg.kl_loss:
-            kl, kl_stats = losses.kl_loss(logp, rows.logp_ref, mask, kind=cfg.kl_loss["kind"], agg=cfg.agg)
+            only = None if self.kl_spans is None else self.kl_spans.mask(b.token_ids, mask)
+            kl, kl_stats = losses.kl_loss(logp, rows.logp_ref, mask, kind=cfg.kl_loss["kind"],
+                                          agg=cfg.agg, only=only)
             total = total + cfg.kl_loss["coef"] * kl
             metrics.add("loss/kl", kl_stats["kl"], units)
         (total * scale).backward()

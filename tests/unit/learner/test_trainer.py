@@ -10,6 +10,7 @@ import math
 import multiprocessing as mp
 import socket
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -364,6 +365,40 @@ def test_two_ranks_train_like_one(model_path, hf_model, tmp_path):
 # --- 6. configuration -------------------------------------------------------------------------
 
 
+def _opening_each_turn(model, trajectories, tag_id: int) -> list[Trajectory]:
+    """The same episodes with every reply's first token replaced by ``tag_id`` (behaviour
+    log-probs recomputed): an opening tag never closed, so each whole reply is inside it."""
+    out = []
+    for t in trajectories:
+        ids = t.token_ids.copy()
+        ids[np.flatnonzero(t.loss_mask & ~np.r_[False, t.loss_mask[:-1]])] = tag_id
+        behaviour = _hf_logprobs(model, torch.from_numpy(ids).long()[None])[0].numpy()
+        out.append(replace(t, token_ids=ids,
+                           behaviour_logprobs=np.where(t.loss_mask, behaviour, 0.0).astype(np.float32)))
+    return out
+
+
+def test_kl_loss_tags_restrict_the_kl_to_the_tagged_tokens(model_path, hf_model):
+    """Two steps each (the KL is 0 before the first): with tags, replies outside every tag add no
+    KL; replies wholly inside a tag give exactly the KL of the untagged loss."""
+    from transformers import AutoTokenizer
+
+    tag = AutoTokenizer.from_pretrained(model_path).convert_tokens_to_ids("<observation>")
+    plain, tagged = _batch(hf_model, 8), _opening_each_turn(hf_model, _batch(hf_model, 8), tag)
+
+    def kl_at_second_step(trajectories, kl_loss):
+        trainer = Trainer(_config(model_path, "vagen_full", lr=1e-3, kl_loss=kl_loss))
+        trainer.train_step(trajectories, version=0)
+        return trainer.train_step(trajectories, version=1)["loss/kl"]
+
+    everywhere = {"kind": "k3", "coef": 0.1}
+    only_observation = everywhere | {"tags": ["observation"]}
+    assert kl_at_second_step(plain, everywhere) > 1e-4
+    assert kl_at_second_step(plain, only_observation) == 0.0
+    assert kl_at_second_step(tagged, only_observation) == pytest.approx(
+        kl_at_second_step(tagged, everywhere), rel=1e-5)
+
+
 @pytest.mark.parametrize("path", sorted(ALGORITHMS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_algorithm_config_loads(path):
     cfg = TrainerConfig.from_dict({"model_path": "m", **yaml.safe_load(path.read_text())})
@@ -376,6 +411,8 @@ def test_every_algorithm_config_loads(path):
     ({"estimator": "grpo", "estimator_args": {"gamma": 1.0}}, "gamma"),
     ({"loss_args": {"cap": 2.0}}, "cap"),
     ({"kl_loss": {"kind": "k2", "coef": 0.1}}, "kl_loss"),
+    ({"kl_loss": {"kind": "k3", "coef": 0.1, "tags": "observation"}}, "kl_loss.tags"),
+    ({"kl_loss": {"kind": "k3", "coef": 0.1, "span": ["observation"]}}, "kl_loss"),
     ({"num_minibatches": 0}, "num_minibatches"),
 ])
 def test_from_dict_rejects_bad_keys(bad, match):
