@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_weights
 	$(BIN)/python -m tests.benchmarks.bench_env_pool
 	$(BIN)/python -m tests.benchmarks.bench_learner
+	$(BIN)/python -m tests.benchmarks.bench_sft
 	$(BIN)/python -m tests.benchmarks.bench_loop
 
 # An hour of the default job; fails if total memory grows by more than 5% after warm-up.

@@ -10,7 +10,10 @@ Invariants:
   before the turn's actions, ``<prediction>`` the state text after them (computed by playing the
   actions on a copy of the game, which also carries a slippery game's random state, so it is
   exact), ``<reasoning>`` one deterministic sentence naming where the first object (the goal, the
-  box) lies. ``free_think`` thinks the observation and the reasoning; ``no_think`` answers only.
+  box) lies: its relation to the player (``reasoning="relation"``, the words of the state text)
+  or how many rows and columns away it is (``"offsets"``: "2 rows up and 1 column right", the
+  count a plan needs and a relation does not give). ``free_think`` thinks the observation and the
+  reasoning; ``no_think`` answers only.
 - Actions: ``actions_per_turn`` per turn (default: the env's maximum), each the solver's next
   move replanned from the current state, replaced with probability ``action_noise`` by a
   mistake: a uniformly random action (``mistake="random"``), or a systematic one, which greedy
@@ -58,12 +61,14 @@ _SECTIONS = {
     "grounding_worldmodeling": ("observation", "reasoning", "prediction"),
 }
 MISTAKES = ("random", "reverse", "repeat", "habit")
+REASONING = ("relation", "offsets")
 _REVERSE = {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"}
 
 
 def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
                         seeds: Iterable[int], *, action_noise: float, rng_seed: int,
                         actions_per_turn: int | None = None, mistake: str = "random",
+                        reasoning: str = "relation",
                         vision: VisionTokens | None = None) -> list[Trajectory]:
     """One demonstration episode per seed of ``env_name`` built with ``env_config``; ``vision``:
     the model's image tokens, needed when the env renders images."""
@@ -71,6 +76,8 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
         raise ValueError(f"action_noise must be in [0, 1], got {action_noise}")
     if mistake not in MISTAKES:
         raise ValueError(f"mistake must be one of {MISTAKES}, got {mistake!r}")
+    if reasoning not in REASONING:
+        raise ValueError(f"reasoning must be one of {REASONING}, got {reasoning!r}")
     env = make(env_name, **env_config)
     if env.format not in (*_SECTIONS, "no_think", "free_think"):
         raise ValueError(f"no demonstrations for format {env.format!r} (of {FORMATS})")
@@ -85,13 +92,14 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
     for i, seed in enumerate(seeds):
         rng = np.random.default_rng([rng_seed, seed])
         out.append(_episode(env, env_name, tokenizer, vision, eos, int(seed), i, rng,
-                            action_noise, mistake, k))
+                            action_noise, mistake, k, reasoning))
     env.close()
     return out
 
 
 def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: int, seed: int,
-             index: int, rng: np.random.Generator, noise: float, mistake: str, k: int) -> Trajectory:
+             index: int, rng: np.random.Generator, noise: float, mistake: str, k: int,
+             reasoning: str) -> Trajectory:
     ctx = ChatContext(tokenizer, env.system_prompt(), vision)
     obs = env.reset(seed)
     rewards, success, random_actions, n_actions, previous = [], False, 0, 0, None
@@ -99,7 +107,8 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
         actions, after, n_random = _choose(env.game, rng, noise, mistake, k, previous)
         previous = actions[-1]
         answer = _answer(env.format, env.action_sep, state=env.state_text(),
-                         reasoning=_reasoning(env.game), prediction=after, actions=actions)
+                         reasoning=_reasoning(env.game, reasoning), prediction=after,
+                         actions=actions)
         ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
         ctx.add_observation(obs.text, obs.images)
         ctx.add_generation(Generation(ids, [0.0] * len(ids), [0] * len(ids), stopped=True))
@@ -145,12 +154,24 @@ def _choose(game, rng: np.random.Generator, noise: float, mistake: str, k: int,
     return actions, describe(*sim.objects()), n_random
 
 
-def _reasoning(game) -> str:
+def _reasoning(game, how: str) -> str:
     player, objects = game.objects()
     kind, pos = objects[0]
-    rel = relation(player, pos, kind)
     plan = _PLANS.get(kind, "so I move toward it")
+    if how == "offsets":
+        return f"The {kind} is {offsets(player, pos)}, {plan}."
+    rel = relation(player, pos, kind)
     return f"The {kind} is {PHRASES[rel.vertical, rel.horizontal]} the player, {plan}."
+
+
+def offsets(player: tuple[int, int], pos: tuple[int, int]) -> str:
+    """Where ``pos`` lies from ``player`` (both (row, col)) in rows and columns, e.g. "2 rows up
+    and 1 column right", "1 row down", "at the player"."""
+    (pr, pc), (r, c) = player, pos
+    parts = [f"{abs(n)} {unit}{'s' if abs(n) > 1 else ''} {sign}"
+             for n, unit, sign in ((r - pr, "row", "up" if r < pr else "down"),
+                                   (c - pc, "column", "left" if c < pc else "right")) if n]
+    return " and ".join(parts) or "at the player"
 
 
 def _answer(format: str, action_sep: str, *, state: str, reasoning: str, prediction: str,

@@ -143,9 +143,11 @@ def prepare_model(cfg, run_dir: Path) -> str:
         max(1, int(cpus)), str(path), str(out), env_name=cfg.env_name,
         env_config=OmegaConf.to_container(cfg.env, resolve=True), n_seeds=ws.seeds, seed_offset=0,
         action_noise=ws.action_noise, mistake=ws.mistake, actions_per_turn=ws.actions_per_turn,
+        reasoning=ws.reasoning,
         steps=ws.steps,
         batch_size=ws.batch_size, lr=ws.lr,
-        schedule=ws.schedule, warmup=ws.warmup, seed=cfg.seed)))
+        schedule=ws.schedule, warmup=ws.warmup, micro_batch_size=ws.micro_batch_size,
+        seed=cfg.seed)))
 
 
 def _check_sees_images(cfg, path: str) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.demonstrations import MISTAKES, make_demonstrations
+from actors.demonstrations import MISTAKES, REASONING, make_demonstrations
 
 EVAL_SEED_OFFSET = 1_000_000
 """The first held-out seed (configs/train.yaml ``train.eval_seed_offset``)."""
@@ -47,8 +47,8 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
                env_config: Mapping[str, Any], n_seeds: int, seed_offset: int = 0,
                action_noise: float, steps: int, batch_size: int, lr: float, seed: int,
                actions_per_turn: int | None = None, mistake: str = "random",
-               schedule: str = "constant", warmup: int = 0, log_every: int = 10,
-               eval_seeds: Sequence[int] = (), eval_every: int = 0,
+               reasoning: str = "relation", schedule: str = "constant", warmup: int = 0, micro_batch_size: int = 0,
+               log_every: int = 10, eval_seeds: Sequence[int] = (), eval_every: int = 0,
                max_new_tokens: int = 256) -> Path:
     """Fine-tune ``model_path`` on demonstrations of ``env_name``; returns ``out_dir``.
 
@@ -80,7 +80,8 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     demos = make_demonstrations(env_name, env_config, tokenizer,
                                 range(seed_offset, seed_offset + n_seeds),
                                 action_noise=action_noise, rng_seed=seed,
-                                actions_per_turn=actions_per_turn, mistake=mistake, vision=vision)
+                                actions_per_turn=actions_per_turn, mistake=mistake,
+                                reasoning=reasoning, vision=vision)
     with open(out / "warm_start.jsonl", "w", encoding="utf-8") as log:
 
         def write(record: dict) -> None:
@@ -104,7 +105,7 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
             evaluate(0)
         train_sft(model, demos, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                   schedule=schedule, warmup=warmup, pad_id=tokenizer.pad_token_id, log_every=1,
-                  images=images, on_log=on_step)
+                  images=images, micro_batch_size=micro_batch_size, on_log=on_step)
         if eval_seeds:
             evaluate(steps)
     model.save_pretrained(out)
@@ -157,6 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="share of actions replaced by a mistake")
     p.add_argument("--mistake", choices=MISTAKES, default=d["mistake"],
                    help="what a noisy action is (actors/demonstrations.py)")
+    p.add_argument("--reasoning", choices=REASONING, default=d["reasoning"],
+                   help="the demonstrated <reasoning>: the goal's relation, or its row and column offsets")
     p.add_argument("--actions-per-turn", type=int, default=d["actions_per_turn"],
                    help="actions in each demonstrated turn (default: the env's maximum)")
     p.add_argument("--steps", type=int, default=d["steps"])
@@ -165,6 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--schedule", choices=("constant", "cosine"), default=d["schedule"],
                    help="learning rate: constant, or warm-up then cosine decay to 0")
     p.add_argument("--warmup", type=int, default=d["warmup"], help="warm-up steps (cosine)")
+    p.add_argument("--micro-batch-size", type=int, default=d["micro_batch_size"],
+                   help="rows per forward, longest first (0: the whole batch); the same update")
     p.add_argument("--seed", type=int, default=0, help="demonstration noise and batch order")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-seeds", type=int, default=0,
@@ -185,9 +190,10 @@ def main(argv: list[str] | None = None) -> Path:
     out = warm_start(args.model, args.out, env_name=args.env, env_config=env_config,
                      n_seeds=args.seeds, seed_offset=args.seed_offset, action_noise=args.noise,
                      actions_per_turn=args.actions_per_turn, mistake=args.mistake,
+                     reasoning=args.reasoning,
                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                      schedule=args.schedule, warmup=args.warmup,
-                     log_every=args.log_every, eval_seeds=eval_seeds, eval_every=args.eval_every,
+                     micro_batch_size=args.micro_batch_size, log_every=args.log_every, eval_seeds=eval_seeds, eval_every=args.eval_every,
                      max_new_tokens=args.max_new_tokens)
     for line in (out / "warm_start.jsonl").read_text().splitlines():
         record = json.loads(line)

@@ -35,14 +35,17 @@ from learner.vision import ImageInputs
 from transport.schema import Trajectory
 
 
-def sft_loss(model, batch: Batch,
-             inputs: dict | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def sft_loss(model, batch: Batch, inputs: dict | None = None, *,
+             total_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean cross-entropy on ``batch.loss_mask`` and its metrics.
 
     ``model(input_ids, **inputs).logits`` has Shape (B, L, V); token_ids and loss_mask Shape
     (B, L); ``inputs``: more keyword arguments of the forward (a VLM's image inputs,
-    ``image_inputs``). Metrics: ``sft/loss``, ``sft/token_accuracy`` (greedy next-token
-    prediction right), ``sft/tokens`` (the number of target tokens).
+    ``image_inputs``). ``total_tokens``: the batch is a micro-batch of a larger one with that
+    many target tokens; the loss is then this part's sum divided by it, so the parts' losses
+    (and gradients) add up to the whole batch's mean. Metrics: ``sft/loss``,
+    ``sft/token_accuracy`` (greedy next-token prediction right), ``sft/tokens`` (the number of
+    target tokens), of this batch.
     """
     device = next(model.parameters()).device
     ids = batch.token_ids.to(device)
@@ -56,8 +59,11 @@ def sft_loss(model, batch: Batch,
     loss = F.cross_entropy(picked, tokens)
     with torch.no_grad():
         accuracy = (picked.argmax(-1) == tokens).float().mean()
-    return loss, {"sft/loss": float(loss.detach()), "sft/token_accuracy": float(accuracy),
-                  "sft/tokens": float(tokens.numel())}
+    metrics = {"sft/loss": float(loss.detach()), "sft/token_accuracy": float(accuracy),
+               "sft/tokens": float(tokens.numel())}
+    if total_tokens is not None:
+        loss = loss * (tokens.numel() / total_tokens)
+    return loss, metrics
 
 
 def image_inputs(images: ImageInputs | None, trajectories: Sequence[Trajectory],
@@ -89,12 +95,15 @@ def lr_at(step: int, *, lr: float, steps: int, schedule: str = "constant", warmu
 def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_size: int,
               lr: float, seed: int, pad_id: int = 0, weight_decay: float = 0.0,
               grad_clip: float = 1.0, schedule: str = "constant", warmup: int = 0,
-              log_every: int = 10, images: ImageInputs | None = None,
+              log_every: int = 10, images: ImageInputs | None = None, micro_batch_size: int = 0,
               on_log: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """``steps`` AdamW steps on mini-batches of ``trajectories``; returns every step's metrics.
 
     ``on_log`` gets the metrics of every ``log_every``-th step and of the last one. ``images``:
     a vision-language model's image processor, needed when the trajectories carry images.
+    ``micro_batch_size``: each batch is run as forwards of that many rows, longest first, each
+    padded only to its own longest row, with gradients accumulated to the whole batch's token
+    mean: the same update with less padding (0: one forward of the whole batch).
     """
     if steps < 0 or batch_size < 1 or not trajectories:
         raise ValueError(f"need steps >= 0, batch_size >= 1 and trajectories, got {steps}, "
@@ -111,13 +120,11 @@ def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_si
             order += rng.permutation(len(trajectories)).tolist()
         rows, order = order[:batch_size], order[batch_size:]
         chosen = [trajectories[i] for i in rows]
-        batch = collate(chosen, pad_id=pad_id)
-        loss, metrics = sft_loss(model, batch, image_inputs(images, chosen, batch))
         step_lr = lr_at(step, lr=lr, steps=steps, schedule=schedule, warmup=warmup)
         for group in optimizer.param_groups:
             group["lr"] = step_lr
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        metrics = _accumulate(model, chosen, pad_id, images, micro_batch_size)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
         optimizer.step()
         metrics.update({"step": float(step), "optim/grad_norm": float(norm), "optim/lr": step_lr,
@@ -127,3 +134,29 @@ def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_si
             on_log(metrics)
     model.eval()
     return history
+
+
+def _accumulate(model, chosen: Sequence[Trajectory], pad_id: int, images: ImageInputs | None,
+                micro_batch_size: int) -> dict[str, float]:
+    """Backward the batch's token-mean loss, in micro-batches of ``micro_batch_size`` rows
+    (longest first; 0: one); returns the whole batch's metrics."""
+    if not micro_batch_size:
+        batch = collate(chosen, pad_id=pad_id)
+        loss, metrics = sft_loss(model, batch, image_inputs(images, chosen, batch))
+        loss.backward()
+        return metrics
+    rows = sorted(chosen, key=lambda t: len(t.token_ids), reverse=True)
+    total = sum(int(t.loss_mask[1:].sum()) for t in rows)
+    if total == 0:
+        raise ValueError("the batch has no policy tokens to learn")
+    loss_sum = right = 0.0
+    for i in range(0, len(rows), micro_batch_size):
+        part = rows[i:i + micro_batch_size]
+        if not any(t.loss_mask[1:].any() for t in part):
+            continue  # nothing to learn here, and nothing it could add to the batch's mean
+        batch = collate(part, pad_id=pad_id)
+        loss, metrics = sft_loss(model, batch, image_inputs(images, part, batch), total_tokens=total)
+        loss.backward()
+        loss_sum += metrics["sft/loss"] * metrics["sft/tokens"]
+        right += metrics["sft/token_accuracy"] * metrics["sft/tokens"]
+    return {"sft/loss": loss_sum / total, "sft/token_accuracy": right / total, "sft/tokens": float(total)}

@@ -5,11 +5,12 @@ the tiny Qwen2-VL's own processor."""
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
 
-from actors.demonstrations import make_demonstrations
+from actors.demonstrations import make_demonstrations, offsets
 from envs.formats import FORMATS, parse
 from envs.registry import load_config, make
 from launch.tiny_tokenizer import build_tokenizer
@@ -68,6 +69,44 @@ def test_noiseless_demonstrations_are_well_formed_and_succeed(tokenizer, name, f
         assert step.done and len(rewards) == len(traj.turn_rewards)
         if _solution_fits(name, config, traj.seed):
             assert step.info["success"] and traj.metrics["success"] == 1.0
+
+
+@pytest.mark.parametrize("player, pos, expected", [
+    ((3, 1), (1, 2), "2 rows up and 1 column right"),
+    ((0, 0), (1, 0), "1 row down"),
+    ((2, 2), (2, 0), "2 columns left"),
+    ((0, 3), (3, 0), "3 rows down and 3 columns left"),
+    ((1, 1), (1, 1), "at the player"),
+])
+def test_offsets_by_hand(player, pos, expected):
+    assert offsets(player, pos) == expected
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_offsets_reasoning_counts_from_the_true_state(tokenizer, name):
+    """reasoning="offsets": each turn's <reasoning> gives the first object's rows and columns
+    from the player in the state the turn was answered from; the rest of the answer is the same
+    as with the relation reasoning."""
+    config = load_config(name)
+    kwargs = dict(action_noise=0.5, rng_seed=0, mistake="habit")
+    demos = make_demonstrations(name, config, tokenizer, SEEDS, reasoning="offsets", **kwargs)
+    plain = make_demonstrations(name, config, tokenizer, SEEDS, **kwargs)
+    turns = 0
+    for traj, other in zip(demos, plain):
+        env = make(name, **config)
+        env.reset(traj.seed)
+        for answer, relation_answer in zip(_answers(traj, tokenizer), _answers(other, tokenizer)):
+            player, objects = env.game.objects()
+            kind, pos = objects[0]
+            reasoning = re.search(r"<reasoning>(.*?)</reasoning>", answer).group(1)
+            assert reasoning.startswith(f"The {kind} is {offsets(player, pos)}, ")
+            assert re.sub(r"<reasoning>.*?</reasoning>", "", answer) == \
+                re.sub(r"<reasoning>.*?</reasoning>", "", relation_answer)
+            env.step(answer)
+            turns += 1
+    assert turns > len(SEEDS)
+    with pytest.raises(ValueError, match="reasoning"):
+        make_demonstrations(name, config, tokenizer, SEEDS, reasoning="plan", **kwargs)
 
 
 def test_loss_mask_covers_exactly_the_answers_and_their_end_of_turn(tokenizer):

@@ -61,8 +61,8 @@ def test_command_line_defaults_are_the_root_configs_warm_start():
 
     config = OmegaConf.load("configs/train.yaml").warm_start
     args = parse_args(["--model", "m", "--out", "o"])
-    assert (args.seeds, args.noise, args.mistake, args.actions_per_turn) == \
-        (config.seeds, config.action_noise, config.mistake, config.actions_per_turn)
-    assert (args.steps, args.batch_size, args.lr, args.schedule, args.warmup) == \
-        (config.steps, config.batch_size, config.lr, config.schedule, config.warmup)
+    assert (args.seeds, args.noise, args.mistake, args.actions_per_turn, args.reasoning) == \
+        (config.seeds, config.action_noise, config.mistake, config.actions_per_turn, config.reasoning)
+    assert (args.steps, args.batch_size, args.lr, args.schedule, args.warmup, args.micro_batch_size) == \
+        (config.steps, config.batch_size, config.lr, config.schedule, config.warmup, config.micro_batch_size)
     assert config_defaults() == OmegaConf.to_container(config)
