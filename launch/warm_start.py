@@ -47,8 +47,9 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
                env_config: Mapping[str, Any], n_seeds: int, seed_offset: int = 0,
                action_noise: float, steps: int, batch_size: int, lr: float, seed: int,
                actions_per_turn: int | None = None, mistake: str = "random",
-               reasoning: str = "relation", schedule: str = "constant", warmup: int = 0, micro_batch_size: int = 0,
-               log_every: int = 10, eval_seeds: Sequence[int] = (), eval_every: int = 0,
+               reasoning: str = "relation", schedule: str = "constant", warmup: int = 0,
+               micro_batch_size: int = 0, log_every: int = 10, eval_seeds: Sequence[int] = (),
+               eval_every: int = 0,
                max_new_tokens: int = 256) -> Path:
     """Fine-tune ``model_path`` on demonstrations of ``env_name``; returns ``out_dir``.
 
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> Path:
                      reasoning=args.reasoning,
                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                      schedule=args.schedule, warmup=args.warmup,
-                     micro_batch_size=args.micro_batch_size, log_every=args.log_every, eval_seeds=eval_seeds, eval_every=args.eval_every,
+                     micro_batch_size=args.micro_batch_size, log_every=args.log_every,
+                     eval_seeds=eval_seeds, eval_every=args.eval_every,
                      max_new_tokens=args.max_new_tokens)
     for line in (out / "warm_start.jsonl").read_text().splitlines():
         record = json.loads(line)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from learner import advantages, losses
+from learner import advantages, losses, spans
 
 ESTIMATORS = {"masked_gae": advantages.masked_gae, "bi_level_gae": advantages.bi_level_gae,
               "turn_wise_gae": advantages.turn_wise_gae, "grpo": advantages.grpo}
@@ -107,9 +107,10 @@ class TrainerConfig:
                                    or kl["kind"] not in kinds):
                 raise ValueError(f"{name} must be {{kind: one of {kinds}, coef: float}}, got {kl}")
         if self.kl_loss is not None and "tags" in self.kl_loss:
-            tags = self.kl_loss["tags"]
-            if isinstance(tags, str) or not tags or not all(isinstance(t, str) and t for t in tags):
-                raise ValueError(f"kl_loss.tags must be a non-empty list of tag names, got {tags!r}")
+            try:
+                spans.check_tags(self.kl_loss["tags"])
+            except ValueError as e:
+                raise ValueError(f"kl_loss.{e}") from None
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "TrainerConfig":

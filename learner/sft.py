@@ -139,19 +139,16 @@ def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_si
 def _accumulate(model, chosen: Sequence[Trajectory], pad_id: int, images: ImageInputs | None,
                 micro_batch_size: int) -> dict[str, float]:
     """Backward the batch's token-mean loss, in micro-batches of ``micro_batch_size`` rows
-    (longest first; 0: one); returns the whole batch's metrics."""
-    if not micro_batch_size:
-        batch = collate(chosen, pad_id=pad_id)
-        loss, metrics = sft_loss(model, batch, image_inputs(images, chosen, batch))
-        loss.backward()
-        return metrics
-    rows = sorted(chosen, key=lambda t: len(t.token_ids), reverse=True)
+    (longest first; 0: the whole batch in its order, one forward); returns the whole batch's
+    metrics."""
+    rows = sorted(chosen, key=lambda t: len(t.token_ids), reverse=True) if micro_batch_size else chosen
+    size = micro_batch_size or len(rows)
     total = sum(int(t.loss_mask[1:].sum()) for t in rows)
     if total == 0:
         raise ValueError("the batch has no policy tokens to learn")
     loss_sum = right = 0.0
-    for i in range(0, len(rows), micro_batch_size):
-        part = rows[i:i + micro_batch_size]
+    for i in range(0, len(rows), size):
+        part = rows[i:i + size]
         if not any(t.loss_mask[1:].any() for t in part):
             continue  # nothing to learn here, and nothing it could add to the batch's mean
         batch = collate(part, pad_id=pad_id)

@@ -26,8 +26,7 @@ class TagSpans:
     """The token mask of the spans ``<tag> ... </tag>`` for tags in ``tags``."""
 
     def __init__(self, pieces: Sequence[str], tags: Sequence[str]) -> None:
-        if not tags or any(not t or not re.fullmatch(r"[\w-]+", t) for t in tags):
-            raise ValueError(f"tags must be non-empty names such as 'observation', got {list(tags)}")
+        check_tags(tags)
         self.pieces = list(pieces)
         self.piece_lengths = np.array([len(p) for p in self.pieces], dtype=np.int64)
         names = "|".join(re.escape(t) for t in tags)
@@ -62,6 +61,13 @@ class TagSpans:
         for m in self._span.finditer(text):
             inside |= (starts < m.end()) & (ends > m.start())
         return inside
+
+
+def check_tags(tags) -> None:
+    """Raise ValueError unless ``tags`` is a non-empty list of tag names (letters, digits, _ or -)."""
+    if isinstance(tags, str) or not tags or not all(
+            isinstance(t, str) and re.fullmatch(r"[\w-]+", t) for t in tags):
+        raise ValueError(f"tags must be a non-empty list of names such as 'observation', got {tags!r}")
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
