@@ -43,6 +43,7 @@ from actors.vision import VisionTokens, engine_image_args, vllm_prompt
 from envs.pool import EnvPool
 from envs.registry import load_config
 from envs.service import EnvServiceError, LocalEnvClient, RemoteEnvClient
+from transport.cores import bind_cores
 from transport.schema import Trajectory
 from transport.stream import TrajectorySender
 
@@ -106,6 +107,7 @@ class InferenceActor:
         self._started = True
         t0 = time.perf_counter()
         cfg = self.cfg
+        bind_cores(cfg.cores)  # before the engine and env workers start: they inherit it
         self._slots = asyncio.Queue()
         for slot in range(cfg.env_slot_offset, cfg.env_slot_offset + cfg.num_slots):
             self._slots.put_nowait(slot)

@@ -54,12 +54,16 @@ class ActorConfig:
     """The learner's trajectory stream (transport/stream.py); None: trajectories are not sent."""
     initial_version: int = 0
     """The weight version of ``model_path``."""
+    cores: tuple[int, ...] = ()
+    """CPU cores this actor's process, engine and env workers run on (the placement's); () for
+    wherever the operating system puts them."""
     incarnation: int = 0
     """Times this actor was restarted: each incarnation plays its own stream of seeds and group
     ids, so a restarted actor repeats no group of the one it replaces."""
 
     def __post_init__(self) -> None:
         self.train_seeds = tuple(self.train_seeds)
+        self.cores = tuple(self.cores)
         slots = self.env_workers * self.envs_per_worker
         if not self.model_path:
             raise ValueError("model_path is required")

@@ -88,7 +88,8 @@ def trainer_config(cfg, model_path: str) -> dict[str, Any]:
         "model_path": model_path, "critic_path": cfg.model.critic_path,
         "lr": lr.lr, "critic_lr": lr.critic_lr, "grad_clip": lr.grad_clip, "epochs": lr.epochs,
         "num_minibatches": lr.num_minibatches, "micro_batch_size": lr.micro_batch_size,
-        "param_dtype": lr.param_dtype,
+        "param_dtype": lr.param_dtype, "lr_schedule": lr.get("lr_schedule", "constant"),
+        "lr_steps": cfg.train.steps, "lr_floor": lr.get("lr_floor", 0.0),
         "critic_warmup": lr.critic_warmup, "value_norm": lr.value_norm,
         "temperature": cfg.actors.temperature, "seed": cfg.seed, "vtrace": lr.vtrace, **algo,
     }
@@ -185,7 +186,7 @@ def start(cfg, model_path: str, procs: Processes) -> dict[str, Any]:
 
     from learner.worker import LearnerWorker
 
-    placement = place(_nodes(), _roles(cfg))
+    placement = place(_nodes(), _roles(cfg), bind_cores=cfg.ray.get("bind_cores", False))
     wcfg = {"trainer": trainer_config(cfg, model_path), "max_staleness": cfg.learner.max_staleness,
             "on_stale": cfg.learner.on_stale, "window_bytes": cfg.transport.window_bytes,
             "weight_timeout_s": cfg.transport.weight_timeout_s, "threads": cfg.learner.get("threads")}
@@ -193,7 +194,7 @@ def start(cfg, model_path: str, procs: Processes) -> dict[str, Any]:
     for slot in placement.of("learner"):
         procs.learners.append(learner_cls.options(
             num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
-        ).remote(slot.index, cfg.learner.ranks, wcfg))
+        ).remote(slot.index, cfg.learner.ranks, {**wcfg, "cores": list(slot.cores)}))
     host = placement.learner_address if cfg.ray.address or os.environ.get("RAY_ADDRESS") else "127.0.0.1"
     port = _free_port()
     infos = ray.get([w.setup.remote(
@@ -206,7 +207,8 @@ def start(cfg, model_path: str, procs: Processes) -> dict[str, Any]:
                           "world_size": placement.weight_world_size,
                           "timeout_s": cfg.transport.weight_timeout_s}
     procs.actor_slots = placement.of("actor")
-    procs.actor_configs = [actor_config(cfg, slot.index, model_path, stream) for slot in procs.actor_slots]
+    procs.actor_configs = [{**actor_config(cfg, slot.index, model_path, stream), "cores": slot.cores}
+                           for slot in procs.actor_slots]
     for i in range(len(procs.actor_slots)):
         procs.actors.append(_new_actor(procs, i))
     procs.restarts = [0] * len(procs.actors)
@@ -223,7 +225,9 @@ def _new_actor(procs: Processes, index: int, incarnation: int = 0):
 
     slot, slots = procs.actor_slots[index], procs.actor_slots
     env_vars = {}
-    if len(slots) > 1 and not slot.gpus:  # two CPU engines on one node: one core each
+    if slot.cores:  # the vLLM worker's OpenMP threads on the actor's own cores
+        env_vars["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, slot.cores))
+    elif len(slots) > 1 and not slot.gpus:  # two CPU engines on one node: one core each
         env_vars["VLLM_CPU_OMP_THREADS_BIND"] = str(slot.index % max(1, os.cpu_count() or 1))
     return ray.remote(InferenceActor).options(
         num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),

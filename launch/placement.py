@@ -9,12 +9,17 @@ tested on its own. Invariants:
 - actors are spread across nodes round-robin (inference load and failures are spread);
 - env workers fill the CPUs left, spread the same way;
 - the weight group has rank 0 = learner rank 0 and ranks 1..E for the E inference engines, in
-  actor order; every port is distinct.
+  actor order; every port is distinct;
+- with ``bind_cores``, each CPU-only learner rank and actor on a node gets cores of its own
+  (as many as the CPUs it reserves, rounded up): learner ranks from the node's last core down,
+  actors from core 0 up, never one core twice; on a node whose cores do not go round, nobody
+  is bound there and the operating system shares them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 
 class PlacementError(ValueError):
@@ -59,6 +64,8 @@ class Slot:
     gpus: int
     weight_ranks: tuple[int, ...] = ()
     """Actors: the weight-group rank of each of their engines."""
+    cores: tuple[int, ...] = ()
+    """CPU cores of its own on its node (``place(bind_cores=True)``); () leaves it unbound."""
 
 
 @dataclass
@@ -76,7 +83,8 @@ class Placement:
         return [s for s in self.slots if s.role == role]
 
 
-def place(nodes: list[Node], roles: Roles, *, base_port: int = 29500) -> Placement:
+def place(nodes: list[Node], roles: Roles, *, base_port: int = 29500,
+          bind_cores: bool = False) -> Placement:
     if not nodes:
         raise PlacementError("no nodes")
     free = {n.name: [n.cpus, n.gpus] for n in nodes}
@@ -100,6 +108,8 @@ def place(nodes: list[Node], roles: Roles, *, base_port: int = 29500) -> Placeme
         node = _round_robin(nodes, free, i, roles.env_worker_cpus, 0, f"env worker {i}")
         slots.append(Slot("env_worker", i, node, roles.env_worker_cpus, 0))
 
+    if bind_cores:
+        slots = _bind_cores(nodes, slots)
     head = next(n for n in nodes if n.name == slots[0].node)
     return Placement(
         slots=slots,
@@ -108,6 +118,25 @@ def place(nodes: list[Node], roles: Roles, *, base_port: int = 29500) -> Placeme
         weight_world_size=next_rank,
         free={name: (cpus, gpus) for name, (cpus, gpus) in free.items()},
     )
+
+
+def _bind_cores(nodes: list[Node], slots: list[Slot]) -> list[Slot]:
+    bound = {}
+    for node in nodes:
+        here = [i for i, s in enumerate(slots)
+                if s.node == node.name and s.role in ("learner", "actor") and not s.gpus]
+        wants = {i: max(1, math.ceil(slots[i].cpus - 1e-9)) for i in here}
+        if not here or sum(wants.values()) > int(node.cpus + 1e-9):
+            continue
+        low, high = 0, int(node.cpus + 1e-9)
+        for i in here:
+            if slots[i].role == "learner":
+                high -= wants[i]
+                bound[i] = tuple(range(high, high + wants[i]))
+            else:
+                bound[i] = tuple(range(low, low + wants[i]))
+                low += wants[i]
+    return [replace(s, cores=bound[i]) if i in bound else s for i, s in enumerate(slots)]
 
 
 def _fits(free, name, cpus, gpus) -> bool:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from learner.config import TrainerConfig
 from learner.trainer import Trainer
 from transport import heap
+from transport.cores import bind_cores
 from transport.buffer import TrajectoryBuffer
 from transport.schema import Trajectory
 from transport.stream import TrajectoryReceiver
@@ -110,7 +111,8 @@ class Inbox:
 
 class LearnerWorker:
     """One learner rank; see the module docstring. ``config`` holds ``trainer`` (TrainerConfig
-    keys), ``threads`` (torch threads of the rank; unset: Ray's, one per CPU it reserved) and the
+    keys), ``cores`` (CPU cores of the rank's own, from the placement), ``threads`` (torch threads
+    of the rank; unset: one per bound core, else Ray's, one per CPU it reserved) and the
     rank-0 settings ``max_staleness``, ``on_stale``, ``window_bytes``, ``weight_timeout_s``,
     ``batch_timeout_s``."""
 
@@ -136,8 +138,9 @@ class LearnerWorker:
         dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
                                 rank=self.rank, world_size=self.world_size, timeout=timeout)
         self._objects = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
-        if self.config.get("threads"):
-            torch.set_num_threads(int(self.config["threads"]))
+        cores = bind_cores(self.config.get("cores") or ())
+        if self.config.get("threads") or cores:
+            torch.set_num_threads(int(self.config.get("threads") or len(cores)))
         self.trainer = Trainer(TrainerConfig.from_dict(self.config["trainer"]), device=device)
         out: dict[str, Any] = {"rank": self.rank}
         if self.rank == 0:

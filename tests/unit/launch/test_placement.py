@@ -56,3 +56,56 @@ def test_random_clusters_never_overcommit():
             assert sum(s.gpus for s in used) <= node.gpus
         ranks = [r for s in p.of("actor") for r in s.weight_ranks]
         assert ranks == list(range(1, p.weight_world_size))
+
+
+def test_bind_cores_gives_the_default_job_a_core_each():
+    nodes, roles = [Node("local", "127.0.0.1", cpus=2)], Roles(env_workers=0)
+    p = place(nodes, roles, bind_cores=True)
+    assert p.of("learner")[0].cores == (1,) and p.of("actor")[0].cores == (0,)
+    assert all(s.cores == () for s in place(nodes, roles).slots)  # off by default
+
+
+def test_bind_cores_counts_cpus_and_skips_nodes_that_do_not_go_round():
+    p = place([Node("n", "h", cpus=10)],
+              Roles(learner_ranks=2, learner_cpus=2, actors=3, actor_cpus=1.5, env_workers=0),
+              bind_cores=True)
+    assert [s.cores for s in p.of("learner")] == [(8, 9), (6, 7)]
+    assert [s.cores for s in p.of("actor")] == [(0, 1), (2, 3), (4, 5)]
+    p = place([Node("n", "h", cpus=9)],
+              Roles(learner_ranks=2, learner_cpus=2, actors=3, actor_cpus=1.5, env_workers=0),
+              bind_cores=True)
+    # 2 + 2 + 3 x 2 = 10 cores wanted on 9: the node is left to the operating system.
+    assert all(s.cores == () for s in p.slots)
+    p = place([Node("n", "h", cpus=4)],
+              Roles(learner_cpus=2, actors=2, actor_cpus=0.5, env_workers=0), bind_cores=True)
+    assert p.of("learner")[0].cores == (2, 3)
+    assert [s.cores for s in p.of("actor")] == [(0,), (1,)]
+
+
+def test_bind_cores_leaves_gpu_processes_alone():
+    p = place([Node("g", "h", cpus=16, gpus=2)],
+              Roles(learner_gpus=1, actors=1, engine_gpus=1), bind_cores=True)
+    assert all(s.cores == () for s in p.slots)
+
+
+def test_bound_cores_never_overlap_on_random_clusters():
+    rng = random.Random(1)
+    bound = 0
+    for _ in range(300):
+        nodes = [Node(f"n{i}", f"h{i}", rng.choice([2, 4, 16]), rng.choice([0, 0, 1]))
+                 for i in range(rng.randint(1, 3))]
+        roles = Roles(learner_ranks=rng.randint(1, 3), learner_cpus=rng.choice([0.5, 1, 2]),
+                      learner_gpus=rng.choice([0, 0, 1]), actors=rng.randint(1, 5),
+                      actor_cpus=rng.choice([0.5, 1, 1.5]), engine_gpus=rng.choice([0, 0, 1]))
+        try:
+            p = place(nodes, roles, bind_cores=True)
+        except PlacementError:
+            continue
+        for node in nodes:
+            cores = [c for s in p.slots if s.node == node.name for c in s.cores]
+            assert len(cores) == len(set(cores)) and all(0 <= c < node.cpus for c in cores)
+        for s in p.slots:
+            if s.cores:
+                bound += 1
+                assert not s.gpus and len(s.cores) == max(1, -(-s.cpus // 1))
+    assert bound > 50
