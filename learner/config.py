@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from learner import advantages, losses, spans
+from learner.schedule import lr_at
 
 ESTIMATORS = {"masked_gae": advantages.masked_gae, "bi_level_gae": advantages.bi_level_gae,
               "turn_wise_gae": advantages.turn_wise_gae, "grpo": advantages.grpo}
@@ -63,6 +64,13 @@ class TrainerConfig:
     """ppo (ratio vs pi_prox) | decoupled_ppo (pi_prox and pi_behaviour) | tis (pi_behaviour)."""
     loss_args: dict = field(default_factory=dict)
     """Keyword arguments of the policy loss; its ``agg`` also aggregates the other terms."""
+    lr_schedule: str = "constant"
+    """The policy's learning rate over its steps: constant | cosine (from ``lr`` down to
+    ``lr_floor * lr`` at train step ``lr_steps``, held there after; learner/schedule.py). The
+    critic keeps ``critic_lr``."""
+    lr_steps: int = 0
+    """Train steps the schedule spans (the run's train.steps); the critic warm-up's count."""
+    lr_floor: float = 0.0
     critic_warmup: int = 0
     """The first k train steps update only the critic (the policy keeps its weights): bi-level
     and masked GAE read a freshly initialised value head's token-to-token noise as advantages."""
@@ -96,6 +104,10 @@ class TrainerConfig:
         _check_kwargs("loss_args", POLICY_LOSSES[self.loss], self.loss_args)
         if min(self.epochs, self.num_minibatches) < 1 or self.micro_batch_size < 0:
             raise ValueError("epochs and num_minibatches must be >= 1, micro_batch_size >= 0")
+        lr_at(1, lr=self.lr, steps=self.lr_steps, schedule=self.lr_schedule, floor=self.lr_floor)
+        if self.lr_schedule != "constant" and self.lr_steps <= self.critic_warmup:
+            raise ValueError(f"lr_schedule {self.lr_schedule} needs lr_steps > critic_warmup, "
+                             f"got {self.lr_steps}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not 0.0 <= self.entropy_coef <= 1.0 or self.entropy_adapt_rate < 0:

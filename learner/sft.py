@@ -16,13 +16,13 @@ Invariants:
   context for later tokens;
 - ``train_sft`` is deterministic in ``seed`` (batch order); each step draws ``batch_size``
   trajectories from a fresh shuffle of the data once the previous one is used up;
-- the learning rate of step s (1-based) is ``lr_at(s, ...)``: ``lr`` throughout (``constant``) or
-  a linear warm-up over ``warmup`` steps, then a cosine from ``lr`` down to 0 at the last step.
+- the learning rate of step s (1-based) is ``learner.schedule.lr_at(s, ...)``: ``lr`` throughout
+  (``constant``) or a linear warm-up over ``warmup`` steps, then a cosine from ``lr`` down to 0
+  at the last step.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from learner.batch import Batch, collate
+from learner.schedule import lr_at
 from learner.vision import ImageInputs
 from transport.schema import Trajectory
 
@@ -76,20 +77,6 @@ def image_inputs(images: ImageInputs | None, trajectories: Sequence[Trajectory],
         raise ValueError("trajectories with images: give train_sft the model's image inputs "
                          "(images=learner.vision.ImageInputs(<a VLM>))")
     return images.model_inputs(images.encode(trajectories), batch.token_ids)
-
-
-SCHEDULES = ("constant", "cosine")
-
-
-def lr_at(step: int, *, lr: float, steps: int, schedule: str = "constant", warmup: int = 0) -> float:
-    """The learning rate of ``step`` (1..steps); see the module docstring."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if schedule == "constant":
-        return lr
-    if step <= warmup:
-        return lr * step / warmup
-    return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
 
 
 def train_sft(model, trajectories: Sequence[Trajectory], *, steps: int, batch_size: int,

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from learner.batch import collate
-from learner.sft import lr_at, sft_loss, train_sft
+from learner.sft import sft_loss, train_sft
 from transport.schema import Trajectory
 
 
@@ -157,18 +157,6 @@ def test_micro_batches_give_the_same_steps_as_the_whole_batch(micro):
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
     assert histories[0][-1]["sft/loss"] < histories[0][0]["sft/loss"]
-
-
-def test_lr_schedules_by_hand():
-    constant = [lr_at(s, lr=0.1, steps=5) for s in range(1, 6)]
-    assert constant == [0.1] * 5
-    # Warm-up 2 of 6 steps: 0.05, 0.1; then cos over the 4 remaining: 1/2 (1 + cos(pi k / 4)).
-    cosine = [lr_at(s, lr=0.1, steps=6, schedule="cosine", warmup=2) for s in range(1, 7)]
-    expected = [0.05, 0.1] + [0.05 * (1 + math.cos(math.pi * k / 4)) for k in (1, 2, 3, 4)]
-    assert cosine == pytest.approx(expected)
-    assert cosine[-1] == pytest.approx(0.0, abs=1e-12) and cosine[3] == pytest.approx(0.05)
-    with pytest.raises(ValueError, match="schedule"):
-        lr_at(1, lr=0.1, steps=5, schedule="linear")
 
 
 def test_train_sft_applies_the_schedule_to_the_optimizer():

@@ -255,6 +255,22 @@ def test_critic_warmup_trains_only_the_critic_for_its_steps(model_path, hf_model
     assert any(not torch.equal(v, policy0[k]) for k, v in _weights(trainer).items())
 
 
+def test_cosine_lr_counts_policy_steps_and_reaches_its_floor(model_path, hf_model):
+    # 3 train steps, the first the critic's: the policy's 2 steps run at lr * 1/2 (1 + cos(pi/2))
+    # and then lr * 0, where AdamW leaves the weights exactly as they are.
+    trainer = Trainer(_config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3, critic_warmup=1,
+                              lr_schedule="cosine", lr_steps=3))
+    assert "optim/lr" not in trainer.train_step(_batch(hf_model, 4), version=0)
+    assert trainer.train_step(_batch(hf_model, 4, seed=1), version=1)["optim/lr"] == pytest.approx(5e-4)
+    before = _weights(trainer)
+    assert trainer.train_step(_batch(hf_model, 4, seed=2), version=2)["optim/lr"] == pytest.approx(0.0, abs=1e-18)
+    assert all(torch.equal(v, before[k]) for k, v in _weights(trainer).items())
+    with pytest.raises(ValueError, match="lr_steps"):
+        _config(model_path, "vagen_full", critic_warmup=5, lr_schedule="cosine", lr_steps=5)
+    with pytest.raises(ValueError, match="schedule"):
+        _config(model_path, "vagen_full", lr_schedule="linear")
+
+
 def _critic_weights(trainer) -> dict[str, torch.Tensor]:
     return {k: v.full_tensor().clone() for k, v in trainer.critic.state_dict().items()}
 
