@@ -1,4 +1,5 @@
-"""The inference actor: one vLLM AsyncLLM engine playing many multi-turn episodes at once.
+"""The inference actor: one vLLM AsyncLLM engine (actors/engine.py builds it) playing many
+multi-turn episodes at once.
 
 launch/controller.py wraps ``InferenceActor`` as an async Ray actor and drives it: ``start``,
 ``join_weight_group``, ``run`` in the background (or ``run(num_episodes=n)`` per step in sync
@@ -38,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from actors.config import ActorConfig
+from actors.engine import build_engine, sampling_params
 from actors.episode import EpisodeResult, Generate, Generation, run_episode
-from actors.vision import VisionTokens, engine_image_args, vllm_prompt
+from actors.vision import VisionTokens, vllm_prompt
 from envs.pool import EnvPool
 from envs.registry import load_config
 from envs.service import EnvServiceError, LocalEnvClient, RemoteEnvClient
@@ -49,7 +51,6 @@ from transport.stream import TrajectorySender
 
 log = logging.getLogger(__name__)
 
-EXTENSION = "actors.vllm_extension.WeightSyncExtension"
 GROUP_STRIDE = 10**9
 INCARNATION_STRIDE = 10**6
 """group_id = actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + the incarnation's
@@ -141,19 +142,11 @@ class InferenceActor:
 
     def _start_engine(self) -> None:
         from transformers import AutoTokenizer
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
 
-        cfg = self.cfg
         if self.tokenizer is None:
-            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
-        self.vision = VisionTokens.from_pretrained(cfg.model_path)
-        images = engine_image_args(cfg.max_turns) if self.vision else {}
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
-            model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
-            kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,
-            max_num_seqs=cfg.num_slots, logprobs_mode="processed_logprobs",
-            worker_extension_cls=EXTENSION, disable_log_stats=True, **images))
+            self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
+        self.vision = VisionTokens.from_pretrained(self.cfg.model_path)
+        self.engine = build_engine(self.cfg, vision=self.vision is not None)
 
     def _build_pool(self) -> EnvPool:
         name, overrides = self.cfg.env_name, self.cfg.env_config
@@ -295,7 +288,7 @@ class InferenceActor:
     # --- generation ---------------------------------------------------------------------------
     def _generator(self, temperature: float, top_p: float, logprobs: bool) -> Generate:
         async def generate(ids: list[int], images: list[np.ndarray]) -> Generation:
-            params = _sampling_params(temperature=temperature, top_p=top_p, detokenize=False,
+            params = sampling_params(temperature=temperature, top_p=top_p, detokenize=False,
                                     max_tokens=min(self.cfg.max_tokens, self.cfg.max_context - len(ids)),
                                     logprobs=0 if logprobs else None)
             request_id, final = f"actor{self.cfg.actor_id}-{next(self._request_ids)}", None
@@ -396,8 +389,3 @@ class InferenceActor:
         if not self._started or self._closed:
             raise RuntimeError("the actor is not started (or already closed)")
 
-
-def _sampling_params(**kwargs):
-    from vllm import SamplingParams
-
-    return SamplingParams(**kwargs)

@@ -9,9 +9,9 @@ the learner worker and the actor call ``bind_cores`` with them before they start
 child processes, which inherit the binding (the actor's vLLM engine and env workers).
 
 Every thread of the process is bound, not only the caller: a Ray actor's methods may run on a
-thread other than the one that built it. Cores the process may not use (a Ray node that
-advertises more CPUs than the machine has) are left out; a no-op where affinity is not
-supported (macOS) or no given core is usable.
+thread other than the one that built it. A no-op where affinity is not supported (macOS) and
+where any given core is one the process may not use (a Ray node that advertises more CPUs
+than the machine has): the process then runs where the operating system puts it.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from collections.abc import Iterable
 
 
 def bind_cores(cores: Iterable[int]) -> tuple[int, ...]:
-    """Bind every thread of this process to ``cores`` (those of them it may use); the cores
-    bound, () when nothing was changed."""
-    if not hasattr(os, "sched_setaffinity"):
+    """Bind every thread of this process to ``cores``; the cores bound, () when nothing was
+    changed (none given, or one of them not usable here)."""
+    wanted = set(cores)
+    if not hasattr(os, "sched_setaffinity") or not wanted or not wanted <= os.sched_getaffinity(0):
         return ()
-    usable = tuple(sorted(set(cores) & os.sched_getaffinity(0)))
-    if not usable:
-        return ()
+    usable = tuple(sorted(wanted))
     for tid in _threads():
         try:
             os.sched_setaffinity(tid, usable)

@@ -1,5 +1,6 @@
-"""The whole loop: async vs sync on the same config, and async throughput with 1, 2, 4 actors when
-env latency dominates. Every run is a real `launch.controller.train` (Ray, vLLM actors, ZeroMQ,
+"""The whole loop: async vs sync on the same config, async with and without cores of their own
+for the learner and the actor (``ray.bind_cores``), and async throughput with 1, 2, 4 actors
+when env latency dominates. Every run is a real `launch.controller.train` (Ray, vLLM actors, ZeroMQ,
 gloo broadcast, FSDP learner) on the tiny model; ratios are against the sync run / the 1-actor run
 measured in the same invocation.
 
@@ -76,7 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     sync = run([*base, "train.mode=sync"])
     asyn = run([*base, "train.mode=async"])
-    for name, r in (("sync", sync), ("async", asyn)):
+    # The same without cores of their own: the learner's 2 threads share core 0 with vLLM's.
+    unbound = run([*base, "train.mode=async", "ray.bind_cores=false", "learner.threads=2"])
+    for name, r in (("sync", sync), ("async", asyn), ("async, unbound", unbound)):
         rows.append({"run": name, "traj/s": f"{r['traj_per_s']:.2f}",
                      "vs sync": f"{r['traj_per_s'] / sync['traj_per_s']:.2f}x",
                      "s/step": f"{r['s_per_step']:.2f}", "learner wait s": f"{r['learner_wait_s']:.2f}",

@@ -26,7 +26,7 @@ def tokenizer():
 
 @pytest.fixture(autouse=True)
 def no_vllm(monkeypatch):
-    monkeypatch.setattr(actor_mod, "_sampling_params", lambda **kw: SimpleNamespace(**kw))
+    monkeypatch.setattr(actor_mod, "sampling_params", lambda **kw: SimpleNamespace(**kw))
 
 
 class FakeEngine:

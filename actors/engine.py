@@ -1,0 +1,36 @@
+"""The inference actor's vLLM engine: how it is built and how one request is sampled.
+
+Called by actors/actor.py (``InferenceActor.start`` and its generator). The engine is always
+built the same way on CPU and GPU: eager mode, an explicit KV-cache size (on CPU vLLM would
+otherwise reserve most of the host's memory), ``processed_logprobs`` (log-softmax of logits / T:
+the distribution actually sampled from, which importance ratios need) and the worker extension
+through which weight broadcasts arrive (actors/vllm_extension.py). vLLM is imported on call, so
+importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+from actors.config import ActorConfig
+from actors.vision import engine_image_args
+
+EXTENSION = "actors.vllm_extension.WeightSyncExtension"
+
+
+def build_engine(cfg: ActorConfig, vision: bool):
+    """An AsyncLLM for ``cfg``'s model (``vision``: it takes up to max_turns images a prompt)."""
+    from vllm import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    images = engine_image_args(cfg.max_turns) if vision else {}
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(
+        model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
+        kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,
+        max_num_seqs=cfg.num_slots, logprobs_mode="processed_logprobs",
+        worker_extension_cls=EXTENSION, disable_log_stats=True, **images))
+
+
+def sampling_params(**kwargs):
+    """vllm.SamplingParams(**kwargs)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(**kwargs)
