@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -108,7 +109,9 @@ class InferenceActor:
         self._started = True
         t0 = time.perf_counter()
         cfg = self.cfg
-        bind_cores(cfg.cores)  # before the engine and env workers start: they inherit it
+        bound = bind_cores(cfg.cores)  # before the engine and env workers start: they inherit it
+        if bound:  # and the vLLM worker's OpenMP threads go to the same cores
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, bound))
         self._slots = asyncio.Queue()
         for slot in range(cfg.env_slot_offset, cfg.env_slot_offset + cfg.num_slots):
             self._slots.put_nowait(slot)

@@ -225,9 +225,9 @@ def _new_actor(procs: Processes, index: int, incarnation: int = 0):
 
     slot, slots = procs.actor_slots[index], procs.actor_slots
     env_vars = {}
-    if slot.cores:  # the vLLM worker's OpenMP threads on the actor's own cores
-        env_vars["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, slot.cores))
-    elif len(slots) > 1 and not slot.gpus:  # two CPU engines on one node: one core each
+    # Two CPU engines on one node: one core each. An actor that holds cores of its own
+    # (slot.cores) puts its engine on those instead (actors/actor.py).
+    if len(slots) > 1 and not slot.gpus:
         env_vars["VLLM_CPU_OMP_THREADS_BIND"] = str(slot.index % max(1, os.cpu_count() or 1))
     return ray.remote(InferenceActor).options(
         num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
