@@ -292,8 +292,8 @@ class InferenceActor:
     def _generator(self, temperature: float, top_p: float, logprobs: bool) -> Generate:
         async def generate(ids: list[int], images: list[np.ndarray]) -> Generation:
             params = sampling_params(temperature=temperature, top_p=top_p, detokenize=False,
-                                    max_tokens=min(self.cfg.max_tokens, self.cfg.max_context - len(ids)),
-                                    logprobs=0 if logprobs else None)
+                                     max_tokens=min(self.cfg.max_tokens, self.cfg.max_context - len(ids)),
+                                     logprobs=0 if logprobs else None)
             request_id, final = f"actor{self.cfg.actor_id}-{next(self._request_ids)}", None
             self._busy(+1)
             try:

@@ -69,8 +69,10 @@ class TrainerConfig:
     ``lr_floor * lr`` at train step ``lr_steps``, held there after; learner/schedule.py). The
     critic keeps ``critic_lr``."""
     lr_steps: int = 0
-    """Train steps the schedule spans (the run's train.steps); the critic warm-up's count."""
+    """Train steps the schedule spans (the run's train.steps), the critic warm-up's included;
+    the policy's schedule runs over the steps after the warm-up."""
     lr_floor: float = 0.0
+    """Where the cosine ends, as a fraction of ``lr`` (in [0, 1])."""
     critic_warmup: int = 0
     """The first k train steps update only the critic (the policy keeps its weights): bi-level
     and masked GAE read a freshly initialised value head's token-to-token noise as advantages."""
