@@ -88,8 +88,8 @@ def trainer_config(cfg, model_path: str) -> dict[str, Any]:
         "model_path": model_path, "critic_path": cfg.model.critic_path,
         "lr": lr.lr, "critic_lr": lr.critic_lr, "grad_clip": lr.grad_clip, "epochs": lr.epochs,
         "num_minibatches": lr.num_minibatches, "micro_batch_size": lr.micro_batch_size,
-        "param_dtype": lr.param_dtype, "lr_schedule": lr.get("lr_schedule", "constant"),
-        "lr_steps": cfg.train.steps, "lr_floor": lr.get("lr_floor", 0.0),
+        "param_dtype": lr.param_dtype, "lr_schedule": lr.lr_schedule,
+        "lr_steps": cfg.train.steps, "lr_floor": lr.lr_floor,
         "critic_warmup": lr.critic_warmup, "value_norm": lr.value_norm,
         "temperature": cfg.actors.temperature, "seed": cfg.seed, "vtrace": lr.vtrace, **algo,
     }
@@ -186,7 +186,7 @@ def start(cfg, model_path: str, procs: Processes) -> dict[str, Any]:
 
     from learner.worker import LearnerWorker
 
-    placement = place(_nodes(), _roles(cfg), bind_cores=cfg.ray.get("bind_cores", False))
+    placement = place(_nodes(), _roles(cfg), bind_cores=cfg.ray.bind_cores)
     wcfg = {"trainer": trainer_config(cfg, model_path), "max_staleness": cfg.learner.max_staleness,
             "on_stale": cfg.learner.on_stale, "window_bytes": cfg.transport.window_bytes,
             "weight_timeout_s": cfg.transport.weight_timeout_s, "threads": cfg.learner.get("threads")}

@@ -55,7 +55,6 @@ from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
 from learner.metrics import StepMetrics, batch_metrics, explained_variance
 from learner.models import ValueModel, load_model, token_logprobs
 from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
-from learner.schedule import lr_at
 from learner.spans import TagSpans
 from learner.value_norm import ValueNorm
 from learner.vision import ImageInputs, is_vision_config
@@ -252,7 +251,7 @@ class Trainer:
         dist.all_reduce(totals)
         train_policy = self.critic is None or self.steps_done >= self.cfg.critic_warmup
         if train_policy:
-            lr = self.policy_lr()
+            lr = self.cfg.policy_lr(self.steps_done)
             for group in self.optim.param_groups:
                 group["lr"] = lr
             metrics.add("optim/lr", lr)
@@ -318,13 +317,6 @@ class Trainer:
         (self.cfg.value_coef * scale * loss).backward()
         metrics.add("loss/value", float(loss.detach()), units)
         metrics.add("critic/clip_frac", stats["clip_frac"], units)
-
-    def policy_lr(self) -> float:
-        """The policy's learning rate in this train step (``lr_schedule`` over its steps: the
-        critic warm-up's are not counted)."""
-        c, warm = self.cfg, (self.cfg.critic_warmup if self.critic is not None else 0)
-        return lr_at(self.steps_done - warm + 1, lr=c.lr, steps=c.lr_steps - warm,
-                     schedule=c.lr_schedule, floor=c.lr_floor)
 
     def _step(self, model: nn.Module, optim: torch.optim.Optimizer) -> float:
         """Clip, step, zero; a non-finite gradient norm (the same on every rank) skips the step."""

@@ -34,8 +34,8 @@ import torch.distributed as dist
 from learner.config import TrainerConfig
 from learner.trainer import Trainer
 from transport import heap
-from transport.cores import bind_cores
 from transport.buffer import TrajectoryBuffer
+from transport.cores import bind_cores
 from transport.schema import Trajectory
 from transport.stream import TrajectoryReceiver
 from transport.weights import WeightPublisher

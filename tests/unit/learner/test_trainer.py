@@ -265,6 +265,9 @@ def test_cosine_lr_counts_policy_steps_and_reaches_its_floor(model_path, hf_mode
     before = _weights(trainer)
     assert trainer.train_step(_batch(hf_model, 4, seed=2), version=2)["optim/lr"] == pytest.approx(0.0, abs=1e-18)
     assert all(torch.equal(v, before[k]) for k, v in _weights(trainer).items())
+    # Without a critic (grpo) no warm-up step is skipped: 2 policy steps, 1/2 then 0.
+    grpo = _config(model_path, "grpo", lr=1.0, critic_warmup=1, lr_schedule="cosine", lr_steps=2)
+    assert [grpo.policy_lr(s) for s in (0, 1, 5)] == pytest.approx([0.5, 0.0, 0.0], abs=1e-12)
     with pytest.raises(ValueError, match="lr_steps"):
         _config(model_path, "vagen_full", critic_warmup=5, lr_schedule="cosine", lr_steps=5)
     with pytest.raises(ValueError, match="schedule"):
