@@ -28,7 +28,7 @@ from envs.protocol import IMAGE_PLACEHOLDER, Observation, StepResult
 from envs.relations import describe
 
 RENDERS = ("text", "image")
-PROMPTS = ("full", "brief")
+PROMPTS = ("full", "brief", "none")
 DEFAULT_REASONING_REWARD: Mapping[str, Any] = MappingProxyType({"judge": "rule"})
 
 
@@ -87,7 +87,9 @@ class GridEnv:
     disables it), ``prompt`` ("full": the format's whole instructions and an example answer in the
     system prompt, the answer template again every turn; "brief": the rules, the legend, the
     actions and the answer template once, for small models trained on demonstrations, whose
-    sequences it makes about half as long). ``action_example`` is the actions of the system
+    sequences it makes about half as long; "none": no system prompt and no reminder, only the
+    turn and the state, for models that learn everything from demonstrations, whose sequences
+    it makes shorter again). ``action_example`` is the actions of the system
     prompt's example answer.
     """
 
@@ -131,6 +133,8 @@ class GridEnv:
         self._turn, self._done, self._started = 0, False, False
 
     def system_prompt(self) -> str:
+        if self.prompt == "none":
+            return ""
         legend = self.game.text_legend if self.render == "text" else self.game.image_legend
         answer = (f"Answer as {self._template}" if self.prompt == "brief" else
                   format_prompt(self.format, action_example=self._example,
@@ -216,7 +220,7 @@ class GridEnv:
         else:
             state = IMAGE_PLACEHOLDER
             images = [render_rgb(self.game.shape, self.game.layers(), self.image_size)]
-        reminder = "" if self.prompt == "brief" else (
+        reminder = "" if self.prompt != "full" else (
             f"Reply exactly as {self._template} with 1 to {self.max_actions} actions from "
             f"{', '.join(self.action_space)}, separated by {self.action_sep!r}."
         )

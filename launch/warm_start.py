@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.demonstrations import MISTAKES, REASONING, make_demonstrations
+from envs.grid_env import PROMPTS
 
 EVAL_SEED_OFFSET = 1_000_000
 """The first held-out seed (configs/train.yaml ``train.eval_seed_offset``)."""
@@ -149,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, type=Path, help="where the fine-tuned model goes")
     p.add_argument("--env", default="frozenlake", help="env name (configs/env/<name>.yaml)")
     p.add_argument("--format", help="answer format (default: the env config's)")
-    p.add_argument("--prompt", choices=("full", "brief"), help="prompt (default: the env config's)")
+    p.add_argument("--prompt", choices=PROMPTS, help="prompt (default: the env config's)")
     p.add_argument("--render", choices=("text", "image"),
                    help="observations (default: the env config's); image needs a VLM")
     p.add_argument("--image-size", type=int, help="pixels per side of an image observation")

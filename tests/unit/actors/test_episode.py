@@ -58,8 +58,9 @@ def _solution_answers(seed: int) -> list[str]:
             for i in range(len(moves))]
 
 
-def test_context_equals_the_chat_template_of_the_whole_conversation(tokenizer):
-    env = make("frozenlake", **load_config("frozenlake"))
+@pytest.mark.parametrize("prompt", ["full", "none"])  # none: no system message at all
+def test_context_equals_the_chat_template_of_the_whole_conversation(tokenizer, prompt):
+    env = make("frozenlake", **load_config("frozenlake") | {"prompt": prompt})
     answers = ["<think>a</think><answer>Up</answer>", "<think>b</think><answer>Left</answer>",
                "<think>c</think><answer>Down</answer>"]
     generate, seen = scripted(tokenizer, answers)
@@ -68,9 +69,9 @@ def test_context_equals_the_chat_template_of_the_whole_conversation(tokenizer):
     traj = result.trajectory
     n = int(traj.turn_end.sum())
     # Rebuild the conversation as messages and render it in one go: same text as our ids.
-    env2 = make("frozenlake", **load_config("frozenlake"))
-    msgs = [{"role": "system", "content": env2.system_prompt()},
-            {"role": "user", "content": env2.reset(5).text}]
+    env2 = make("frozenlake", **load_config("frozenlake") | {"prompt": prompt})
+    system = [{"role": "system", "content": env2.system_prompt()}] if prompt != "none" else []
+    msgs = [*system, {"role": "user", "content": env2.reset(5).text}]
     for a in answers[:n]:
         msgs.append({"role": "assistant", "content": a})
         step = env2.step(a)
@@ -80,6 +81,7 @@ def test_context_equals_the_chat_template_of_the_whole_conversation(tokenizer):
     whole = tokenizer.apply_chat_template(msgs, tokenize=False)
     got = tokenizer.decode(traj.token_ids.tolist())
     assert whole.startswith(got) and whole[len(got):] == "\n"  # only the final glue is missing
+    assert got.startswith("<|im_start|>system\n" if prompt == "full" else "<|im_start|>user\nTurn 1 of 3.")
     # Every prompt the model was given is a prefix of the final sequence (nothing re-tokenized).
     for ids in seen:
         assert traj.token_ids[:len(ids)].tolist() == ids

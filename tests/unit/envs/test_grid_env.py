@@ -246,6 +246,19 @@ def test_brief_prompt_keeps_rules_legend_and_template_once_and_plays_the_same(na
 
 
 @pytest.mark.parametrize("name", ENVS)
+def test_no_prompt_gives_the_turn_and_state_only_and_plays_the_same(name):
+    brief, bare = make(name, prompt="brief"), make(name, prompt="none")
+    assert bare.system_prompt() == ""
+    first_brief, first_bare = brief.reset(5), bare.reset(5)
+    assert first_bare.text == first_brief.text
+    assert first_bare.text.splitlines()[:2] == ["Turn 1 of 3.", "The current state:"]
+    text = answer(brief.solve()[:1])
+    a, b = brief.step(text), bare.step(text)
+    assert (a.reward, a.done, a.info["success"], a.observation.text) == \
+        (b.reward, b.done, b.info["success"], b.observation.text)
+
+
+@pytest.mark.parametrize("name", ENVS)
 @pytest.mark.parametrize(
     "config, error",
     [
