@@ -4,7 +4,7 @@ when env latency dominates. Every run is a real `launch.controller.train` (Ray, 
 gloo broadcast, FSDP learner) on the tiny model; ratios are against the sync run / the 1-actor run
 measured in the same invocation.
 
-    python -m tests.benchmarks.bench_loop [--steps 12] [--batch 16] [--delays 0.1] [--json out.json]
+    python -m tests.benchmarks.bench_loop [--steps 12] [--batch 16] [--delay 0.1] [--set K=V ...] [--json out.json]
 
 Throughput = trajectories trained on per second over the steady state (from the first to the
 last learner step, so start-up is excluded). Where the time goes comes from the actors' counters
@@ -69,11 +69,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--delay", type=float, default=0.1, help="env step delay for the actor scaling runs")
     p.add_argument("--actors", default="1,2,4")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="more Hydra overrides for every run, e.g. env.prompt=none")
     p.add_argument("--json")
     a = p.parse_args(argv)
     base = [f"train.steps={a.steps}", f"train.batch_size={a.batch}", "train.eval_every=0",
             "train.eval_seeds=4", "warm_start.enabled=false", "logger.wandb=false",
-            "actors.group_size=4", "actors.max_tokens=64"]
+            "actors.group_size=4", "actors.max_tokens=64", *a.set]
     rows = []
     # Without cores of their own (ray.bind_cores=false) the learner runs 2 threads on both cores,
     # one of them shared with vLLM's: the best a sync learner can do, whose phase has both cores.
