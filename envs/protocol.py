@@ -59,7 +59,8 @@ class Env(Protocol):
     """A multi-turn text (and image) environment. Implementations: envs.frozenlake, envs.sokoban."""
 
     def system_prompt(self) -> str:
-        """The system message: the task, the symbols, the actions and the answer format."""
+        """The system message: the task, the symbols, the actions and the answer format ("": the
+        chat has no system message)."""
         ...
 
     def reset(self, seed: int) -> Observation:
