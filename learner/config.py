@@ -126,10 +126,15 @@ class TrainerConfig:
             except ValueError as e:
                 raise ValueError(f"kl_loss.{e}") from None
 
+    @property
+    def has_critic(self) -> bool:
+        """Every estimator but grpo (a group baseline) needs the critic's values."""
+        return self.estimator != "grpo"
+
     def policy_lr(self, steps_done: int) -> float:
         """The policy's learning rate in the train step after ``steps_done``: ``lr_schedule``
         over the policy's steps (a critic's warm-up steps are not counted; grpo has none)."""
-        warm = self.critic_warmup if self.estimator != "grpo" else 0
+        warm = self.critic_warmup if self.has_critic else 0
         return lr_at(steps_done - warm + 1, lr=self.lr, steps=self.lr_steps - warm,
                      schedule=self.lr_schedule, floor=self.lr_floor)
 

@@ -87,7 +87,7 @@ class Trainer:
         self.steps_done = 0  # train steps, for critic_warmup (checkpointed)
         self.value_norm = ValueNorm() if cfg.value_norm else None
         self.critic = self.critic_optim = self.ref = None
-        if cfg.estimator != "grpo":
+        if cfg.has_critic:
             backbone = load_model(AutoModel, cfg.critic_path or cfg.model_path)
             self.critic = self._shard(ValueModel(backbone, seed=cfg.seed).eval())
             self.critic_optim = self._adamw(self.critic, cfg.critic_lr)
