@@ -3,10 +3,12 @@ micro-batches.
 
 Run with `make bench` (or `python -m tests.benchmarks.bench_learner`). One process, a gloo group
 of one, the tiny model and the default algorithm (configs/algorithm/vagen_full.yaml: policy,
-critic and reference model); the batch is 32 FrozenLake episodes as the warm start's
-demonstrations write them (real token sequences, 1 to 3 turns, so lengths vary as in RL). The
-baseline is ``micro_batch_size`` 0: every forward as wide as the longest episode. Prints a
-Markdown table; `--json PATH` saves it.
+critic and reference model); the batch is one mini-batch of the default job, 32 FrozenLake
+episodes as its warm start's demonstrations write them (configs/train.yaml: its prompt, moves per
+turn, mistakes; real token sequences, 1 to 3 turns, so lengths vary as in RL). The baseline is
+``micro_batch_size`` 0: every forward as wide as the longest episode. One thread by default, as
+the default job's learner has (a core of its own). Prints a Markdown table; `--json PATH` saves
+it.
 """
 
 from __future__ import annotations
@@ -26,18 +28,22 @@ from tests.benchmarks.report import report
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _batch(model_dir: Path, n: int):
+def _batch(model_dir: Path, n: int, prompt: str):
     from transformers import AutoTokenizer
 
     from actors.demonstrations import make_demonstrations
     from envs.registry import load_config
+    from launch.warm_start import config_defaults
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    env = load_config("frozenlake") | {"prompt": "brief"}
-    return make_demonstrations("frozenlake", env, tok, range(n), action_noise=0.4, rng_seed=0)
+    ws = config_defaults()
+    return make_demonstrations("frozenlake", load_config("frozenlake") | {"prompt": prompt}, tok,
+                               range(n), action_noise=ws["action_noise"], rng_seed=0,
+                               actions_per_turn=ws["actions_per_turn"], mistake=ws["mistake"],
+                               reasoning=ws["reasoning"])
 
 
-def run(micro_sizes: list[int], repeats: int, threads: int) -> list[dict]:
+def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str) -> list[dict]:
     from launch.tiny_model import build_tiny_model
     from learner.config import TrainerConfig
     from learner.trainer import Trainer
@@ -51,7 +57,7 @@ def run(micro_sizes: list[int], repeats: int, threads: int) -> list[dict]:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_model(Path(tmp) / "tiny")
-            batch = _batch(model, 32)
+            batch = _batch(model, 32, prompt)
             algo = yaml.safe_load((REPO / "configs/algorithm/vagen_full.yaml").read_text())
             base = None
             for micro in micro_sizes:
@@ -76,10 +82,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--micro", type=int, nargs="+", default=[0, 16, 8, 4])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2, help="torch threads (the CPU learner's default)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (the default job's learner: one, on a core of its own)")
+    p.add_argument("--prompt", default=_default_prompt(), help="the env's prompt (default: the job's)")
     p.add_argument("--json")
     args = p.parse_args()
-    report(run(args.micro, args.repeats, args.threads), args.json)
+    report(run(args.micro, args.repeats, args.threads, args.prompt), args.json)
+
+
+def _default_prompt() -> str:
+    return yaml.safe_load((REPO / "configs/train.yaml").read_text())["env"]["prompt"]
 
 
 if __name__ == "__main__":
