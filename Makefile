@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_learner
 	$(BIN)/python -m tests.benchmarks.bench_sft
 	$(BIN)/python -m tests.benchmarks.bench_loop
+	$(BIN)/python -m tests.benchmarks.bench_converge
 
 # An hour of the default job; fails if total memory grows by more than 5% after warm-up.
 soak: $(STAMP)

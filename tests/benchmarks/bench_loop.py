@@ -27,6 +27,9 @@ from launch.loop import train
 from tests.benchmarks.report import report
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# Without cores of their own (ray.bind_cores=false) the learner runs 2 threads on both cores,
+# one of them shared with vLLM's: the best a sync learner can do, whose phase has both cores.
+UNBOUND = ("ray.bind_cores=false", "learner.threads=2")
 
 
 def compose_config(overrides: list[str]):
@@ -77,9 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             "train.eval_seeds=4", "warm_start.enabled=false", "logger.wandb=false",
             "actors.group_size=4", "actors.max_tokens=64", *a.set]
     rows = []
-    # Without cores of their own (ray.bind_cores=false) the learner runs 2 threads on both cores,
-    # one of them shared with vLLM's: the best a sync learner can do, whose phase has both cores.
-    unbound = ["ray.bind_cores=false", "learner.threads=2"]
+    unbound = list(UNBOUND)
     sync = run([*base, "train.mode=sync", *unbound])
     runs = (("sync, unbound", sync), ("sync", run([*base, "train.mode=sync"])),
             ("async, unbound", run([*base, "train.mode=async", *unbound])),
