@@ -53,10 +53,10 @@ def run(overrides: list[str], run_dir: Path) -> dict:
     from launch.loop import train
 
     cfg = compose_config(overrides)
-    summary = train(cfg, run_dir)
+    train(cfg, run_dir)
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "train"]
-    return {"evals": training_time(records), "summary": summary,
+    return {"evals": training_time(records),
             "s_per_step": sum(r["timing/step_wall_s"] for r in steps) / len(steps)}
 
 
