@@ -95,6 +95,21 @@ def trainer_config(cfg, model_path: str) -> dict[str, Any]:
     }
 
 
+def warm_start_config(cfg) -> dict[str, Any]:
+    """launch.warm_start.warm_start keyword arguments (all but the model and the output
+    directory) from the env and warm_start groups and the seed."""
+    from omegaconf import OmegaConf
+
+    ws = cfg.warm_start
+    return {
+        "env_name": cfg.env_name, "env_config": OmegaConf.to_container(cfg.env, resolve=True),
+        "n_seeds": ws.seeds, "seed_offset": 0, "action_noise": ws.action_noise,
+        "mistake": ws.mistake, "actions_per_turn": ws.actions_per_turn, "reasoning": ws.reasoning,
+        "steps": ws.steps, "batch_size": ws.batch_size, "lr": ws.lr, "schedule": ws.schedule,
+        "warmup": ws.warmup, "micro_batch_size": ws.micro_batch_size, "seed": cfg.seed,
+    }
+
+
 def actor_config(cfg, index: int, model_path: str, stream_address: str) -> dict[str, Any]:
     """actors.actor.ActorConfig keys for actor ``index``."""
     from omegaconf import OmegaConf
@@ -132,23 +147,14 @@ def prepare_model(cfg, run_dir: Path) -> str:
     if (out / "config.json").exists():
         return str(out)
     import ray
-    from omegaconf import OmegaConf
 
-    ws = cfg.warm_start
     # Nothing else runs yet: on CPU the task takes a whole node. max_calls=1: the worker process
     # exits after the task and gives its memory back.
     cpus = cfg.learner.cpus if cfg.learner.gpus else max(
         n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"])
     task = ray.remote(num_cpus=cpus, num_gpus=cfg.learner.gpus, max_calls=1)(_warm_start_task)
-    return str(ray.get(task.remote(
-        max(1, int(cpus)), str(path), str(out), env_name=cfg.env_name,
-        env_config=OmegaConf.to_container(cfg.env, resolve=True), n_seeds=ws.seeds, seed_offset=0,
-        action_noise=ws.action_noise, mistake=ws.mistake, actions_per_turn=ws.actions_per_turn,
-        reasoning=ws.reasoning,
-        steps=ws.steps,
-        batch_size=ws.batch_size, lr=ws.lr,
-        schedule=ws.schedule, warmup=ws.warmup, micro_batch_size=ws.micro_batch_size,
-        seed=cfg.seed)))
+    return str(ray.get(task.remote(max(1, int(cpus)), str(path), str(out),
+                                   **warm_start_config(cfg))))
 
 
 def _check_sees_images(cfg, path: str) -> None:

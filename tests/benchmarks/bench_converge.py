@@ -62,20 +62,13 @@ def run(overrides: list[str], run_dir: Path) -> dict:
 
 def build_warm_start(out: Path, overrides: list[str]) -> Path:
     """The default job's warm start (what `make train` builds before RL) into ``out``."""
-    from omegaconf import OmegaConf
-
+    from launch.controller import warm_start_config
     from launch.tiny_model import build_tiny_model
     from launch.warm_start import warm_start
 
     cfg = compose_config(overrides)
-    ws = cfg.warm_start
     tiny = build_tiny_model(out / "tiny-model", seed=cfg.model.build_seed)
-    return warm_start(tiny, out / "warm-start", env_name=cfg.env_name,
-                      env_config=OmegaConf.to_container(cfg.env, resolve=True), n_seeds=ws.seeds,
-                      action_noise=ws.action_noise, mistake=ws.mistake,
-                      actions_per_turn=ws.actions_per_turn, reasoning=ws.reasoning,
-                      steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr, schedule=ws.schedule,
-                      warmup=ws.warmup, micro_batch_size=ws.micro_batch_size, seed=cfg.seed)
+    return warm_start(tiny, out / "warm-start", **warm_start_config(cfg))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,7 @@
 """configs/: every group composes, the controller maps them onto the components' config keys, and
 the GPU experiment presets carry VAGEN's published hyper-parameters."""
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from launch.controller import actor_config, prepare_model, trainer_config
+from launch.controller import actor_config, prepare_model, trainer_config, warm_start_config
 from launch.supervisor import _episodes_per_actor
 from launch.tiny_model import build_tiny_model
 
@@ -96,3 +97,14 @@ def test_an_image_env_with_a_text_model_fails_before_anything_starts(tmp_path):
     for model, render in [(vlm, "image"), (text, "text")]:
         cfg = _compose(f"model.path={model}", f"env.render={render}", "warm_start.enabled=false")
         assert prepare_model(cfg, tmp_path) == model
+
+
+def test_warm_start_config_is_the_warm_start_call_of_the_run():
+    from launch.warm_start import warm_start
+
+    kw = warm_start_config(_compose("seed=3", "warm_start.steps=7"))
+    params = inspect.signature(warm_start).parameters
+    required = {n for n, p in params.items() if p.default is p.empty} - {"model_path", "out_dir"}
+    assert required <= set(kw) <= set(params)
+    assert (kw["env_name"], kw["seed"], kw["steps"], kw["n_seeds"]) == ("frozenlake", 3, 7, 24000)
+    assert kw["env_config"]["prompt"] == "none" and kw["env_config"]["size"] == 4
