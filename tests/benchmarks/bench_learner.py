@@ -28,22 +28,23 @@ from tests.benchmarks.report import report
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _batch(model_dir: Path, n: int, prompt: str):
+def _batch(model_dir: Path, n: int, prompt: str | None):
+    from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
     from actors.demonstrations import make_demonstrations
-    from envs.registry import load_config
-    from launch.warm_start import config_defaults
+    from tests.benchmarks.bench_loop import compose_config
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ws = config_defaults()
-    return make_demonstrations("frozenlake", load_config("frozenlake") | {"prompt": prompt}, tok,
-                               range(n), action_noise=ws["action_noise"], rng_seed=0,
-                               actions_per_turn=ws["actions_per_turn"], mistake=ws["mistake"],
-                               reasoning=ws["reasoning"])
+    cfg = compose_config([f"env.prompt={prompt}"] if prompt else [])
+    ws = cfg.warm_start
+    return make_demonstrations(cfg.env_name, OmegaConf.to_container(cfg.env, resolve=True), tok,
+                               range(n), action_noise=ws.action_noise, rng_seed=0,
+                               actions_per_turn=ws.actions_per_turn, mistake=ws.mistake,
+                               reasoning=ws.reasoning)
 
 
-def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str) -> list[dict]:
+def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) -> list[dict]:
     from launch.tiny_model import build_tiny_model
     from learner.config import TrainerConfig
     from learner.trainer import Trainer
@@ -84,14 +85,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (the default job's learner: one, on a core of its own)")
-    p.add_argument("--prompt", default=_default_prompt(), help="the env's prompt (default: the job's)")
+    p.add_argument("--prompt", help="the env's prompt (default: the job's)")
     p.add_argument("--json")
     args = p.parse_args()
     report(run(args.micro, args.repeats, args.threads, args.prompt), args.json)
-
-
-def _default_prompt() -> str:
-    return yaml.safe_load((REPO / "configs/train.yaml").read_text())["env"]["prompt"]
 
 
 if __name__ == "__main__":

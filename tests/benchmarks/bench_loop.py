@@ -80,10 +80,9 @@ def main(argv: list[str] | None = None) -> None:
             "train.eval_seeds=4", "warm_start.enabled=false", "logger.wandb=false",
             "actors.group_size=4", "actors.max_tokens=64", *a.set]
     rows = []
-    unbound = list(UNBOUND)
-    sync = run([*base, "train.mode=sync", *unbound])
+    sync = run([*base, "train.mode=sync", *UNBOUND])
     runs = (("sync, unbound", sync), ("sync", run([*base, "train.mode=sync"])),
-            ("async, unbound", run([*base, "train.mode=async", *unbound])),
+            ("async, unbound", run([*base, "train.mode=async", *UNBOUND])),
             ("async", run([*base, "train.mode=async"])))
     for name, r in runs:
         rows.append({"run": name, "traj/s": f"{r['traj_per_s']:.2f}",
