@@ -44,7 +44,7 @@ from actors.engine import build_engine, sampling_params
 from actors.episode import EpisodeResult, Generate, Generation, run_episode
 from actors.vision import VisionTokens, vllm_prompt
 from envs.pool import EnvPool
-from envs.registry import load_config
+from envs.registry import resolve_config
 from envs.service import EnvServiceError, LocalEnvClient, RemoteEnvClient
 from transport.cores import bind_cores
 from transport.schema import Trajectory
@@ -152,10 +152,8 @@ class InferenceActor:
         self.engine = build_engine(self.cfg, vision=self.vision is not None)
 
     def _build_pool(self) -> EnvPool:
-        name, overrides = self.cfg.env_name, self.cfg.env_config
-        config = dict(overrides) if ":" in name else {**load_config(name), **overrides}
-        return EnvPool((name, config), num_workers=self.cfg.env_workers,
-                       envs_per_worker=self.cfg.envs_per_worker)
+        return EnvPool((self.cfg.env_name, resolve_config(self.cfg.env_name, self.cfg.env_config)),
+                       num_workers=self.cfg.env_workers, envs_per_worker=self.cfg.envs_per_worker)
 
     async def _check_remote_slots(self) -> None:
         have = (await self.env.ping())["num_slots"]

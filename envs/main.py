@@ -62,13 +62,10 @@ async def serve(pool, address: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    config = parse_sets(args.set)
-    if ":" not in args.env:
-        from envs.registry import load_config
-
-        config = {**load_config(args.env), **config}
     from envs.pool import EnvPool
+    from envs.registry import resolve_config
 
+    config = resolve_config(args.env, parse_sets(args.set))
     with EnvPool((args.env, config), num_workers=args.workers, envs_per_worker=args.envs_per_worker,
                  step_timeout_s=args.step_timeout, reset_timeout_s=args.reset_timeout) as pool:
         asyncio.run(serve(pool, args.bind))

@@ -2,7 +2,7 @@
 
 Called by the env worker pool (envs/pool.py) and by launch code; re-exported as ``envs.make``.
 Invariants:
-- ``make(name, **{**load_config(name), **overrides})`` builds the env of ``configs/env/<name>.yaml``
+- ``make(name, **resolve_config(name, overrides))`` builds the env of ``configs/env/<name>.yaml``
   with ``overrides`` applied; every key is a keyword argument of the env's ``make_env``.
 - An env's module is imported only when it is made, so importing ``envs`` stays light (later envs
   bring simulators).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,9 @@ def load_config(name: str) -> dict[str, Any]:
         kind = type(config).__name__
         raise ValueError(f"configs/env/{name}.yaml must hold a mapping, not a {kind}")
     return config
+
+
+def resolve_config(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Env ``name``'s keyword arguments: its YAML's under ``overrides``. An importable
+    "module:callable" has no YAML: ``overrides`` alone."""
+    return dict(overrides) if ":" in name else {**load_config(name), **overrides}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from envs.formats import format_example
 from envs.pool import EnvPool
-from envs.registry import load_config
+from envs.registry import resolve_config
 from envs.service import LocalEnvClient, RemoteEnvClient
 from envs.wire import EpisodeFailure
 from envs.worker import make_env
@@ -87,7 +87,7 @@ def start_service(name: str, config: dict) -> tuple[subprocess.Popen, str]:
 
 
 async def bench_env(label: str, name: str, overrides: dict, seconds: float) -> list[dict]:
-    config = {**load_config(name), **overrides} if ":" not in name else overrides
+    config = resolve_config(name, overrides)
     n = WORKERS * ENVS_PER_WORKER
     envs = [make_env((name, config)) for _ in range(n)]
     reset = _as_async(lambda slots, seeds: [envs[i].reset(x) for i, x in zip(slots, seeds)])

@@ -82,3 +82,14 @@ def test_negative_step_delay_is_refused():
 
     with pytest.raises(ValueError, match="step_delay_s"):
         make("frozenlake", step_delay_s=-1, **load_config("frozenlake"))
+
+
+def test_resolve_config_puts_overrides_over_the_yaml_and_leaves_importables_alone():
+    from envs.registry import resolve_config
+
+    overrides = {"size": 6, "extra": 1}
+    merged = resolve_config("frozenlake", overrides)
+    assert load_config("frozenlake")["size"] == 4
+    assert merged == {**load_config("frozenlake"), "size": 6, "extra": 1}
+    assert resolve_config("tests.unit.envs.fake_envs:CounterEnv", overrides) == overrides
+    assert overrides == {"size": 6, "extra": 1}  # not modified
