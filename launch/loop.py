@@ -133,6 +133,7 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
         if monitor is not None:
             metrics["memory/total_gib"] = monitor.sample() / 2**30
             metrics.update({f"memory/{k}_gib": v / 2**30 for k, v in monitor.current.items()})
+            metrics.update({f"cpu/{k}_s": v for k, v in monitor.cpu_seconds().items()})
         record = logger.log("train", step, metrics)
         if step % cfg.logger.print_every == 0:
             logger.progress(record)

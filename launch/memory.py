@@ -1,4 +1,5 @@
-"""Memory of a run's processes on this node, sampled in a thread (peak per process and in total).
+"""Memory and CPU time of a run's processes on this node, sampled in a thread (memory: peak per
+process and in total; CPU: seconds per process kind, to tell where the cores' time goes).
 
 Proportional set size (PSS: shared pages split between the processes that map them), so the
 total counts vLLM's and torch's shared libraries and Ray's shared-memory object store once.
@@ -6,7 +7,9 @@ total counts vLLM's and torch's shared libraries and Ray's shared-memory object 
 Called by the controller for local clusters: it watches the driver and every process in its
 Ray session (raylet, GCS, Ray workers and their children: vLLM engine cores and workers, env
 workers). Reports peaks per process kind and the peak of the total, for the memory budget, and
-each sample's total per kind, for finding what grows in a long run.
+each sample's total per kind, for finding what grows in a long run. CPU seconds (user + system)
+are cumulative per kind since each process started; a process that has exited keeps its last
+sampled reading.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class MemoryMonitor:
         self.peak_total = 0
         self.peak_by_pid: dict[int, tuple[str, int]] = {}
         self.current: dict[str, int] = {}
+        self.cpu_by_pid: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-monitor", daemon=True)
         self._thread.start()
@@ -53,6 +57,7 @@ class MemoryMonitor:
         for p in self._processes():
             try:
                 rss = p.memory_full_info().pss
+                cpu = p.cpu_times()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             total += rss
@@ -61,9 +66,17 @@ class MemoryMonitor:
                 kind = _kind(p)  # a pre-started Ray worker shows its role only once it has one
             current[kind] += rss
             self.peak_by_pid[p.pid] = (kind, max(peak, rss))
+            self.cpu_by_pid[p.pid] = (kind, cpu.user + cpu.system)
         self.peak_total = max(self.peak_total, total)
         self.current = dict(current)
         return total
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds per process kind as of the last sample (user + system, since each started)."""
+        out: dict[str, float] = defaultdict(float)
+        for kind, seconds in self.cpu_by_pid.values():
+            out[kind] += seconds
+        return dict(out)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -8,8 +8,11 @@ measured in the same invocation.
 
 Throughput = trajectories trained on per second over the steady state (from the first to the
 last learner step, so start-up is excluded). Where the time goes comes from the actors' counters
-(generation, env, weight updates, engine idle) and the learner's (waiting for a batch, training,
-pushing weights).
+(generation, env, weight updates, engine idle), the learner's (waiting for a batch, training,
+pushing weights) and the CPU seconds each kind of process used per step over the same span
+(launch/memory.py): the learner, vLLM (engine core and worker), the actor process, and the rest
+(env workers, Ray, the driver); their sum over the seconds a step takes is how many of the
+machine's cores were busy.
 """
 
 from __future__ import annotations
@@ -30,6 +33,20 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Without cores of their own (ray.bind_cores=false) the learner runs 2 threads on both cores,
 # one of them shared with vLLM's: the best a sync learner can do, whose phase has both cores.
 UNBOUND = ("ray.bind_cores=false", "learner.threads=2")
+CPU_KINDS = {"learner": ("LearnerWorker",), "vllm": ("EngineCore", "VLLM::Worker"), "actor": ("InferenceActor",)}
+"""Process kinds (launch/memory.py) of each CPU column; every other kind counts as "rest"."""
+
+
+def cpu_per_step(first: dict, last: dict, steps: int) -> dict[str, float]:
+    """CPU seconds per step of each CPU_KINDS column and the rest, between two train rows'
+    cumulative ``cpu/<kind>_s`` metrics ``steps`` steps apart."""
+    out = dict.fromkeys([*CPU_KINDS, "rest"], 0.0)
+    for key, value in last.items():
+        if key.startswith("cpu/"):
+            kind = key[len("cpu/"):-len("_s")]
+            column = next((c for c, kinds in CPU_KINDS.items() if kind in kinds), "rest")
+            out[column] += (value - first.get(key, 0.0)) / steps
+    return out
 
 
 def compose_config(overrides: list[str]):
@@ -52,6 +69,7 @@ def run(overrides: list[str]) -> dict:
     batch = cfg.train.batch_size
     mean = lambda key: sum(r.get(key, 0.0) for r in steps[1:]) / max(len(steps) - 1, 1)  # noqa: E731
     actors = summary["actors"]
+    cpu = cpu_per_step(steps[0], steps[-1], len(steps) - 1)
     return {
         "traj_per_s": (len(steps) - 1) * batch / span,
         "s_per_step": span / (len(steps) - 1),
@@ -63,6 +81,8 @@ def run(overrides: list[str]) -> dict:
         "actor_idle_s": sum(a["time/idle_s"] for a in actors),
         "dropped_stale": sum(v["dropped"] for v in summary["accounting"].values()),
         "produced": sum(a["episodes_sent"] for a in actors),
+        **{f"cpu_{k}_s": v for k, v in cpu.items()},
+        "cores_busy": sum(cpu.values()) * (len(steps) - 1) / span,
     }
 
 
@@ -89,7 +109,9 @@ def main(argv: list[str] | None = None) -> None:
                      "vs sync, unbound": f"{r['traj_per_s'] / sync['traj_per_s']:.2f}x",
                      "s/step": f"{r['s_per_step']:.2f}", "learner wait s": f"{r['learner_wait_s']:.2f}",
                      "train s": f"{r['learner_train_s']:.2f}", "push s": f"{r['push_s']:.3f}",
-                     "dropped stale": r["dropped_stale"], "produced": r["produced"]})
+                     "dropped stale": r["dropped_stale"], "produced": r["produced"],
+                     **{f"cpu {k} s": f"{r[f'cpu_{k}_s']:.2f}" for k in (*CPU_KINDS, "rest")},
+                     "cores busy": f"{r['cores_busy']:.2f}"})
     report(rows)
     scale = []
     first = None

@@ -49,6 +49,27 @@ def test_a_process_is_classified_again_once_it_takes_a_role():
         monitor.close()
 
 
+def test_cpu_seconds_count_a_busy_child_and_keep_it_after_it_exits():
+    monitor = MemoryMonitor(os.getpid(), interval_s=60)
+    busy = subprocess.Popen(["bash", "-c", 'n=Learner; exec -a "ray::${n}Worker" ' + sys.executable
+                             + ' -c "import time; t = time.process_time() + 0.8\nwhile time.process_time() < t: pass"'])
+    idle = subprocess.Popen(["bash", "-c", 'n=Inference; exec -a "ray::${n}Actor" sleep 30'])
+    try:
+        deadline = time.time() + 20
+        while busy.poll() is None and time.time() < deadline:
+            monitor.sample()
+            time.sleep(0.05)
+        monitor.sample()  # the busy child is gone: its last reading stays
+        cpu = monitor.cpu_seconds()
+    finally:
+        for child in (busy, idle):
+            child.kill()
+            child.wait()
+        monitor.close()
+    assert 0.6 <= cpu["LearnerWorker"] < 3.0
+    assert cpu["InferenceActor"] < 0.2
+
+
 def test_soak_growth_compares_medians_after_warmup_and_at_the_end():
     from tests.benchmarks.soak import growth
 
