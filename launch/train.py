@@ -10,14 +10,35 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """configs/train.yaml with ``overrides`` (``["env=sokoban", "train.steps=10"]``) as
+    ``python -m launch.train`` composes it, for scripts, notebooks, benchmarks and tests: hand it
+    and a run directory to ``launch.loop.train``. Sets Hydra's global config, through which the
+    ``${hydra:...}`` values (the run name) resolve."""
+    from hydra import compose as compose_hydra
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose_hydra("train", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]  # as the app sees it
+    return cfg
 
 
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")

@@ -25,7 +25,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from tests.benchmarks.bench_loop import UNBOUND, compose_config
+from launch.train import compose
+from tests.benchmarks.bench_loop import UNBOUND
 from tests.benchmarks.report import report
 
 
@@ -52,7 +53,7 @@ def time_to(evals: list[tuple[int, float, float]], target: float) -> tuple[int, 
 def run(overrides: list[str], run_dir: Path) -> dict:
     from launch.loop import train
 
-    cfg = compose_config(overrides)
+    cfg = compose(overrides)
     train(cfg, run_dir)
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "train"]
@@ -66,7 +67,7 @@ def build_warm_start(out: Path, overrides: list[str]) -> Path:
     from launch.tiny_model import build_tiny_model
     from launch.warm_start import warm_start
 
-    cfg = compose_config(overrides)
+    cfg = compose(overrides)
     tiny = build_tiny_model(out / "tiny-model", seed=cfg.model.build_seed)
     return warm_start(tiny, out / "warm-start", **warm_start_config(cfg))
 

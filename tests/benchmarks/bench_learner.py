@@ -2,8 +2,8 @@
 micro-batches.
 
 Run with `make bench` (or `python -m tests.benchmarks.bench_learner`). One process, a gloo group
-of one, the tiny model and the default algorithm (configs/algorithm/vagen_full.yaml: policy,
-critic and reference model); the batch is one mini-batch of the default job, 32 FrozenLake
+of one, the tiny model and the default job's algorithm group (``launch.train.compose``: vagen_full,
+policy, critic and reference model); the batch is one mini-batch of the default job, 32 FrozenLake
 episodes as its warm start's demonstrations write them (configs/train.yaml: its prompt, moves per
 turn, mistakes; real token sequences, 1 to 3 turns, so lengths vary as in RL). The baseline is
 ``micro_batch_size`` 0: every forward as wide as the longest episode. One thread by default, as
@@ -21,22 +21,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import yaml
 
 from tests.benchmarks.report import report
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _batch(model_dir: Path, n: int, prompt: str | None):
+def _batch(cfg, model_dir: Path, n: int):
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
     from actors.demonstrations import make_demonstrations
-    from tests.benchmarks.bench_loop import compose_config
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    cfg = compose_config([f"env.prompt={prompt}"] if prompt else [])
     ws = cfg.warm_start
     return make_demonstrations(cfg.env_name, OmegaConf.to_container(cfg.env, resolve=True), tok,
                                range(n), action_noise=ws.action_noise, rng_seed=0,
@@ -45,7 +39,10 @@ def _batch(model_dir: Path, n: int, prompt: str | None):
 
 
 def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) -> list[dict]:
+    from omegaconf import OmegaConf
+
     from launch.tiny_model import build_tiny_model
+    from launch.train import compose
     from learner.config import TrainerConfig
     from learner.trainer import Trainer
 
@@ -58,8 +55,9 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) 
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_model(Path(tmp) / "tiny")
-            batch = _batch(model, 32, prompt)
-            algo = yaml.safe_load((REPO / "configs/algorithm/vagen_full.yaml").read_text())
+            cfg = compose([f"env.prompt={prompt}"] if prompt else [])
+            batch = _batch(cfg, model, 32)
+            algo = OmegaConf.to_container(cfg.algorithm, resolve=True)
             base = None
             for micro in micro_sizes:
                 trainer = Trainer(TrainerConfig.from_dict(

@@ -22,14 +22,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
-
 from launch.loop import train
+from launch.train import compose
 from tests.benchmarks.report import report
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Without cores of their own (ray.bind_cores=false) the learner runs 2 threads on both cores,
 # one of them shared with vLLM's: the best a sync learner can do, whose phase has both cores.
 UNBOUND = ("ray.bind_cores=false", "learner.threads=2")
@@ -49,18 +45,8 @@ def cpu_per_step(first: dict, last: dict, steps: int) -> dict[str, float]:
     return out
 
 
-def compose_config(overrides: list[str]):
-    """configs/train.yaml with ``overrides``, as ``python -m launch.train`` would compose it."""
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]
-    return cfg
-
-
 def run(overrides: list[str]) -> dict:
-    cfg = compose_config(overrides)
+    cfg = compose(overrides)
     with tempfile.TemporaryDirectory() as d:
         summary = train(cfg, Path(d))
         rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]

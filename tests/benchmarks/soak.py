@@ -23,7 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from tests.benchmarks.bench_loop import compose_config
+from launch.train import compose
 from tests.benchmarks.report import report
 
 WINDOW_S = 300.0
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     from launch.loop import train
 
-    cfg = compose_config(["train.steps=1000000", "train.eval_every=0", "train.eval_seeds=4",
+    cfg = compose(["train.steps=1000000", "train.eval_every=0", "train.eval_seeds=4",
                           "warm_start.enabled=false", "logger.wandb=false"])
     timer = threading.Timer(a.minutes * 60, os.kill, (os.getpid(), signal.SIGTERM))
     timer.daemon = True

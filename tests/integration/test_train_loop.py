@@ -6,12 +6,8 @@ either trained on or dropped, and the run directory holds what a user expects.""
 import json
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
-
 from launch.loop import train
-from tests.unit.launch.test_configs import CONFIGS
+from launch.train import compose
 
 SHORT = [
     "train.steps=4", "train.batch_size=8", "train.eval_every=2", "train.eval_seeds=8",
@@ -22,12 +18,7 @@ SHORT = [
 
 
 def _run(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=[*SHORT, *overrides], return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]  # as the app sees it; ${hydra:...} resolves through HydraConfig
-    return train(cfg, tmp_path)
+    return train(compose([*SHORT, *overrides]), tmp_path)
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])

@@ -2,31 +2,17 @@
 the GPU experiment presets carry VAGEN's published hyper-parameters."""
 
 import inspect
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
-
 from launch.controller import actor_config, prepare_model, trainer_config, warm_start_config
 from launch.supervisor import _episodes_per_actor
 from launch.tiny_model import build_tiny_model
+from launch.train import CONFIGS, compose
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
-
-
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]  # as the app sees it; ${hydra:...} resolves through HydraConfig
-        return cfg
 
 
 def test_default_is_the_tiny_async_frozenlake_run():
-    cfg = _compose()
+    cfg = compose([])
     assert cfg.env_name == "frozenlake" and cfg.train.mode == "async"
     assert cfg.algorithm.estimator == "bi_level_gae" and cfg.env.format == "grounding_worldmodeling"
     assert cfg.model.path is None and cfg.warm_start.enabled
@@ -35,7 +21,7 @@ def test_default_is_the_tiny_async_frozenlake_run():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml")))
 def test_experiment_presets_carry_vagen_hyper_parameters(name):
-    cfg = _compose(f"experiment={name}")
+    cfg = compose([f"experiment={name}"])
     assert cfg.model.path == "Qwen/Qwen2.5-VL-3B-Instruct"
     assert (cfg.learner.lr, cfg.learner.critic_lr, cfg.learner.grad_clip) == (1e-6, 1e-5, 1.0)
     assert cfg.train.batch_size == 128 and cfg.train.batch_size // cfg.learner.num_minibatches == 32
@@ -48,7 +34,7 @@ def test_experiment_presets_carry_vagen_hyper_parameters(name):
 def test_trainer_config_takes_the_algorithm_and_learner_groups():
     from learner.config import TrainerConfig
 
-    cfg = _compose("algorithm=grpo", "learner.lr=0.5")
+    cfg = compose(["algorithm=grpo", "learner.lr=0.5"])
     tc = TrainerConfig.from_dict(trainer_config(cfg, "/m"))
     assert tc.estimator == "grpo" and tc.lr == 0.5 and tc.model_path == "/m"
     assert tc.temperature == cfg.actors.temperature  # proximal log-probs at the sampling temperature
@@ -57,7 +43,7 @@ def test_trainer_config_takes_the_algorithm_and_learner_groups():
 def test_actor_config_keys_are_the_actors():
     from actors.config import ActorConfig
 
-    cfg = _compose("actors.num=3", "env=sokoban")
+    cfg = compose(["actors.num=3", "env=sokoban"])
     ac = ActorConfig.from_dict(actor_config(cfg, 2, "/m", "tcp://127.0.0.1:1"))
     assert ac.actor_id == 2 and ac.env_name == "sokoban" and ac.max_turns == cfg.env.max_turns
 
@@ -66,7 +52,7 @@ def test_actor_config_keys_are_the_actors():
     (32, 4, 1, [32]), (32, 4, 3, [12, 12, 8]), (30, 4, 2, [16, 16]), (5, 1, 2, [3, 2]),
 ])
 def test_sync_mode_asks_each_actor_for_whole_groups(batch, group, actors, expected):
-    cfg = _compose(f"train.batch_size={batch}", f"actors.group_size={group}", f"actors.num={actors}")
+    cfg = compose([f"train.batch_size={batch}", f"actors.group_size={group}", f"actors.num={actors}"])
     split = _episodes_per_actor(cfg)
     assert split == expected
     assert sum(split) >= batch and all(n % group == 0 for n in split)
@@ -93,16 +79,16 @@ def test_an_image_env_with_a_text_model_fails_before_anything_starts(tmp_path):
     text = str(build_tiny_model(tmp_path / "text", seed=0))
     vlm = str(build_tiny_model(tmp_path / "vlm", seed=0, vision=True))
     with pytest.raises(ValueError, match="needs a vision-language model"):
-        prepare_model(_compose(f"model.path={text}", "env.render=image"), tmp_path)
+        prepare_model(compose([f"model.path={text}", "env.render=image"]), tmp_path)
     for model, render in [(vlm, "image"), (text, "text")]:
-        cfg = _compose(f"model.path={model}", f"env.render={render}", "warm_start.enabled=false")
+        cfg = compose([f"model.path={model}", f"env.render={render}", "warm_start.enabled=false"])
         assert prepare_model(cfg, tmp_path) == model
 
 
 def test_warm_start_config_is_the_warm_start_call_of_the_run():
     from launch.warm_start import warm_start
 
-    kw = warm_start_config(_compose("seed=3", "warm_start.steps=7"))
+    kw = warm_start_config(compose(["seed=3", "warm_start.steps=7"]))
     params = inspect.signature(warm_start).parameters
     required = {n for n, p in params.items() if p.default is p.empty} - {"model_path", "out_dir"}
     assert required <= set(kw) <= set(params)
