@@ -93,6 +93,12 @@ class RunLogger:
             self._wandb = None
 
 
+def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of ``<run dir>/metrics.jsonl``, in the order they were logged."""
+    text = (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines()]
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)

@@ -21,10 +21,10 @@ while an eval runs, at most ``actors.run_ahead`` batches ahead).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
+from launch.metrics import read_records
 from launch.train import compose
 from tests.benchmarks.bench_loop import UNBOUND
 from tests.benchmarks.report import report
@@ -55,7 +55,7 @@ def run(overrides: list[str], run_dir: Path) -> dict:
 
     cfg = compose(overrides)
     train(cfg, run_dir)
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_records(run_dir)
     steps = [r for r in records if r["kind"] == "train"]
     return {"evals": training_time(records),
             "s_per_step": sum(r["timing/step_wall_s"] for r in steps) / len(steps)}

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from launch.loop import train
+from launch.metrics import read_records
 from launch.train import compose
 from tests.benchmarks.report import report
 
@@ -49,7 +50,7 @@ def run(overrides: list[str]) -> dict:
     cfg = compose(overrides)
     with tempfile.TemporaryDirectory() as d:
         summary = train(cfg, Path(d))
-        rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+        rows = read_records(Path(d))
     steps = [r for r in rows if r["kind"] == "train"]
     span = steps[-1]["time_s"] - steps[0]["time_s"]
     batch = cfg.train.batch_size

@@ -23,6 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from launch.metrics import read_records
 from launch.train import compose
 from tests.benchmarks.report import report
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = train(cfg, Path(d))
         finally:
             timer.cancel()
-        rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+        rows = read_records(Path(d))
     samples = [(r["time_s"], r["memory/total_gib"] * 2**30) for r in rows
                if r["kind"] == "train" and "memory/total_gib" in r]
     result = growth(samples, a.warmup_minutes * 60) | {

@@ -10,6 +10,7 @@ import time
 
 import psutil
 
+from launch.metrics import read_records
 from tests.integration.test_train_loop import _run
 
 STEPS = 6
@@ -57,7 +58,7 @@ def test_a_killed_actor_is_replaced_and_the_run_completes(tmp_path):
     killer.join(timeout=5)
     assert "error" not in report and report.get("killed")
     assert report["family"] and report["survivors"] == []  # engine and env workers went with it
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = read_records(tmp_path)
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train_rows] == list(range(1, STEPS + 1))
     assert summary["actor_restarts"] == [1] and train_rows[-1]["actors/restarts"] == 1

@@ -3,10 +3,11 @@
 Runs `python -m launch.demo` in a child process (its vLLM engine dies with it) on the tiny model.
 """
 
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from launch.metrics import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ def test_demo_loop_learns_and_keeps_vllm_in_sync(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_records(out)
     assert [r["step"] for r in rows] == list(range(20))
     # Every update reached the engine: vLLM's behaviour log-probs match the trained HF policy.
     assert max(r["policy/vllm_logp_gap"] for r in rows) < 1e-4

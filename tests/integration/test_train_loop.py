@@ -6,7 +6,9 @@ either trained on or dropped, and the run directory holds what a user expects.""
 import json
 
 import pytest
+
 from launch.loop import train
+from launch.metrics import read_records
 from launch.train import compose
 
 SHORT = [
@@ -24,7 +26,7 @@ def _run(tmp_path, *overrides):
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_short_run_keeps_its_promises(tmp_path, mode):
     summary = _run(tmp_path, f"train.mode={mode}")
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = read_records(tmp_path)
     train_rows = [r for r in rows if r["kind"] == "train"]
     evals = [r for r in rows if r["kind"] == "eval"]
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
@@ -57,7 +59,7 @@ def test_short_vision_language_run(tmp_path):
     vision tower included, reach the actors in flight; the final model is a Qwen2-VL."""
     _run(tmp_path, "env.render=image", "env.image_size=56", "model.vision=true",
          "actors.max_tokens=24", "train.eval_every=0")
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = read_records(tmp_path)
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
     assert all(r["policy/staleness_max"] <= 1 for r in train_rows)
@@ -90,7 +92,7 @@ def test_ctrl_c_checkpoints_and_stops_at_the_next_step(tmp_path, monkeypatch):
     monkeypatch.setattr(RunLogger, "log", log_then_interrupt)
     summary = _run(tmp_path, "train.eval_every=0")
     assert summary["interrupted"] and summary["steps"] == 1
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = read_records(tmp_path)
     assert [(r["kind"], r["step"]) for r in rows] == [("eval", 0), ("train", 1)]
     assert (tmp_path / "checkpoint" / "extra.pt").exists()
     assert json.loads((tmp_path / "summary.json").read_text())["interrupted"]

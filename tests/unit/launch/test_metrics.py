@@ -1,8 +1,6 @@
 """launch.metrics.RunLogger: jsonl records, progress line, learning-curve PNG."""
 
-import json
-
-from launch.metrics import RunLogger
+from launch.metrics import RunLogger, read_records
 
 
 def test_records_are_jsonl_and_the_curve_is_drawn(tmp_path, capsys):
@@ -14,7 +12,7 @@ def test_records_are_jsonl_and_the_curve_is_drawn(tmp_path, capsys):
     assert "success 0.50" in line and "reward 3.00" in line and line in capsys.readouterr().out
     png = logger.plot()
     logger.close()
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = read_records(tmp_path)
     assert [r["kind"] for r in rows] == ["eval", "train", "eval"]
     assert rows[1]["bad"] == "nan" and rows[2]["success"] == 0.75
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
