@@ -78,12 +78,28 @@ def _nodes() -> list[Node]:
                  int(n["Resources"].get("GPU", 0))) for n in ray.nodes() if n["Alive"]]
 
 
+def env_config(cfg) -> dict[str, Any]:
+    """The env's keyword arguments: the env group, its reasoning reward as the algorithm preset
+    says (``algorithm.reasoning_reward``, on for VAGEN-Full only). Off, the judge still scores
+    the answers' <observation> and <prediction> (``*_score`` metrics, for comparing methods) but
+    adds nothing to the reward: its weights are 0 and its repetition penalty is off."""
+    from omegaconf import OmegaConf
+
+    env = OmegaConf.to_container(cfg.env, resolve=True)
+    judge = env.get("reasoning_reward")
+    if judge is not None and not cfg.algorithm.reasoning_reward:
+        env["reasoning_reward"] = {**judge, "observation_weight": 0.0, "prediction_weight": 0.0,
+                                   "repetition_penalty": False}
+    return env
+
+
 def trainer_config(cfg, model_path: str) -> dict[str, Any]:
     """learner.trainer.TrainerConfig keys from the model, algorithm and learner groups."""
     a, lr = cfg.algorithm, cfg.learner
     from omegaconf import OmegaConf
 
     algo = OmegaConf.to_container(a, resolve=True)
+    del algo["reasoning_reward"]  # an env setting (env_config)
     return {
         "model_path": model_path, "critic_path": cfg.model.critic_path,
         "lr": lr.lr, "critic_lr": lr.critic_lr, "grad_clip": lr.grad_clip, "epochs": lr.epochs,
@@ -98,11 +114,9 @@ def trainer_config(cfg, model_path: str) -> dict[str, Any]:
 def warm_start_config(cfg) -> dict[str, Any]:
     """launch.warm_start.warm_start keyword arguments (all but the model and the output
     directory) from the env and warm_start groups and the seed."""
-    from omegaconf import OmegaConf
-
     ws = cfg.warm_start
     return {
-        "env_name": cfg.env_name, "env_config": OmegaConf.to_container(cfg.env, resolve=True),
+        "env_name": cfg.env_name, "env_config": env_config(cfg),
         "n_seeds": ws.seeds, "seed_offset": 0, "action_noise": ws.action_noise,
         "mistake": ws.mistake, "actions_per_turn": ws.actions_per_turn, "reasoning": ws.reasoning,
         "steps": ws.steps, "batch_size": ws.batch_size, "lr": ws.lr, "schedule": ws.schedule,
@@ -112,12 +126,10 @@ def warm_start_config(cfg) -> dict[str, Any]:
 
 def actor_config(cfg, index: int, model_path: str, stream_address: str) -> dict[str, Any]:
     """actors.actor.ActorConfig keys for actor ``index``."""
-    from omegaconf import OmegaConf
-
     ac = cfg.actors
     return {
         "actor_id": index, "run_id": cfg.run_name, "model_path": model_path,
-        "env_name": cfg.env_name, "env_config": OmegaConf.to_container(cfg.env, resolve=True),
+        "env_name": cfg.env_name, "env_config": env_config(cfg),
         "env_workers": ac.env_workers, "envs_per_worker": ac.envs_per_worker,
         "env_address": ac.env_address,
         # actors sharing one env service take disjoint slot ranges of it

@@ -58,6 +58,7 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) 
             cfg = compose([f"env.prompt={prompt}"] if prompt else [])
             batch = _batch(cfg, model, 32)
             algo = OmegaConf.to_container(cfg.algorithm, resolve=True)
+            del algo["reasoning_reward"]  # an env setting
             base = None
             for micro in micro_sizes:
                 trainer = Trainer(TrainerConfig.from_dict(
