@@ -33,7 +33,8 @@ import math
 
 import torch
 
-__all__ = ["masked_gae", "bi_level_gae", "turn_wise_gae", "grpo", "masked_whiten", "masked_mean"]
+__all__ = ["masked_gae", "bi_level_gae", "turn_wise_gae", "grpo", "masked_whiten", "masked_mean",
+           "turn_ends"]
 
 
 def masked_gae(
@@ -160,14 +161,28 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, x, 0).sum() / mask.sum().clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) with mean and unbiased variance over ``mask``; 0 off the mask."""
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, *, over: torch.Tensor | None = None,
+                  eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) on ``mask``, 0 off it; mean and unbiased variance over
+    ``over`` (default: ``mask``). turn_wise_gae's advantages are whitened ``over`` the turn ends
+    (:func:`turn_ends`), one entry per turn as VAGEN does, so long turns weigh no more."""
     mask = mask.bool()
-    n = mask.sum()
-    mean = masked_mean(x, mask)
-    centred = torch.where(mask, x - mean, 0)
-    var = (centred * centred).sum() / (n - 1).clamp(min=1)
-    return centred * torch.rsqrt(var + eps)
+    over = mask if over is None else over.bool()
+    n = over.sum()
+    mean = masked_mean(x, over)
+    var = (torch.where(over, x - mean, 0) ** 2).sum() / (n - 1).clamp(min=1)
+    return torch.where(mask, x - mean, 0) * torch.rsqrt(var + eps)
+
+
+def turn_ends(mask: torch.Tensor, turn_end: torch.Tensor) -> torch.Tensor:
+    """The last policy token of every turn: ``turn_end`` on the mask, plus each row's last policy
+    token (which closes an unclosed trailing turn). Shape: (B, L) bool."""
+    tokens = _Tokens(mask)
+    if tuple(turn_end.shape) != tokens.shape:
+        raise ValueError(f"turn_end {tuple(turn_end.shape)} must match mask {tokens.shape}")
+    last = torch.zeros(math.prod(tokens.shape), dtype=torch.bool, device=mask.device)
+    last.index_fill_(0, tokens.src[tokens.is_last], True)
+    return (turn_end.bool() & mask.bool()) | last.view(tokens.shape)
 
 
 # --- token lists and the packed layout the scan runs on ---------------------------------------

@@ -23,8 +23,9 @@ Invariants:
 - a vision-language policy (its config has a ``vision_config``) gets every forward's image
   inputs from its rows' images (learner/vision.py), the same for policy, critic and reference;
 - dropout stays off (eval mode): before the first optimizer step, pi == pi_prox exactly;
-- advantages are whitened over the policy tokens of the whole batch (sums all-reduced);
-  returns = advantages + values, taken before whitening;
+- advantages are whitened over the policy tokens of the whole batch (sums all-reduced), those
+  of turn_wise_gae over the batch's turn ends (one entry per turn, as VAGEN); returns =
+  advantages + values, taken before whitening;
 - metrics are identical on every rank: weighted means all-reduced over tokens (or steps); so is
   the entropy coefficient, which ``entropy_target`` adapts from the step's all-reduced entropy
   and checkpoints keep.
@@ -193,7 +194,9 @@ class Trainer:
             metrics.add("ref/kl_in_reward", float(advantages.masked_mean(behaviour - logp_ref, mask)), tokens)
         adv, returns = self._advantages(rows, rewards, batch, index)
         if self.cfg.whiten_advantages:
-            adv = self._whiten(adv, mask)
+            over = (advantages.turn_ends(mask, rows.batch.turn_end)
+                    if self.cfg.estimator == "turn_wise_gae" else mask)
+            adv = self._whiten(adv, mask, over)
         if self.critic is not None:
             metrics.exact["critic/explained_variance"] = explained_variance(values, returns, mask)
             if self.value_norm is not None:
@@ -234,13 +237,15 @@ class Trainer:
         return ESTIMATORS[cfg.estimator](rewards, rows.values, mask, *turn_end, log_rho=log_rho,
                                          **cfg.estimator_args)
 
-    def _whiten(self, x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-        """advantages.masked_whiten over the policy tokens of all ranks' rows."""
-        stats = torch.stack([torch.where(mask, x, 0.0).sum().double(), mask.sum().double()])
+    def _whiten(self, x: torch.Tensor, mask: torch.Tensor, over: torch.Tensor,
+                eps: float = 1e-8) -> torch.Tensor:
+        """advantages.masked_whiten(x, mask, over=over) over all ranks' rows."""
+        stats = torch.stack([torch.where(over, x, 0.0).sum().double(), over.sum().double()])
         dist.all_reduce(stats)
-        centred = torch.where(mask, x - stats[0] / stats[1].clamp(min=1), 0.0)
-        sq = (centred.double() ** 2).sum()
+        mean = stats[0] / stats[1].clamp(min=1)
+        sq = (torch.where(over, x - mean, 0.0).double() ** 2).sum()
         dist.all_reduce(sq)
+        centred = torch.where(mask, x - mean, 0.0)
         return (centred * torch.rsqrt(sq / (stats[1] - 1).clamp(min=1) + eps)).to(x.dtype)
 
     def _update(self, rows: Rows, metrics: StepMetrics) -> None:

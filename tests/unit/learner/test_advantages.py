@@ -11,6 +11,7 @@ from learner.advantages import (
     masked_gae,
     masked_mean,
     masked_whiten,
+    turn_ends,
     turn_wise_gae,
 )
 from tests import naive_advantages as naive
@@ -271,6 +272,27 @@ def test_masked_whiten():
     torch.testing.assert_close(out[mask], expected)
     assert torch.equal(out[~mask], torch.zeros(2))
     assert masked_mean(x, mask).item() == pytest.approx(2.5)
+
+
+def test_masked_whiten_over_turn_ends():
+    # Row 0: a turn of three tokens (advantage 1) then one of one token (3); row 1: one unclosed
+    # turn of two tokens (5), closed by the row's last policy token.
+    x = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0, 3.0], [5.0, 5.0, 0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[0, 1, 1, 1, 0, 1], [1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    turn_end = torch.tensor([[0, 0, 0, 1, 0, 1], [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    ends = turn_ends(mask, turn_end)
+    # row 1's turn_end at 0 marks a token of the first turn; its last policy token closes another
+    assert ends.tolist() == [[False, False, False, True, False, True],
+                             [True, True, False, False, False, False]]
+    ends = turn_ends(mask, torch.tensor([[0, 0, 0, 1, 0, 1], [0] * 6], dtype=torch.bool))
+    out = masked_whiten(x, mask, over=ends, eps=0.0)
+    # One entry per turn, {1, 3, 5}: mean 3, unbiased variance 4; applied to every policy token.
+    expected = torch.where(mask, (x - 3.0) / 2.0, 0.0)
+    torch.testing.assert_close(out, expected)
+    # Per token the long turn would weigh three times: mean 16/6, not 3.
+    assert masked_mean(x, mask).item() == pytest.approx(16 / 6)
+    with pytest.raises(ValueError, match="turn_end"):
+        turn_ends(mask, turn_end[:, :3])
 
 
 @pytest.mark.parametrize("long_turn", [False, True], ids=["per-turn-layout", "per-row-layout"])

@@ -67,19 +67,22 @@ def _hf_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _trajectory(rng, model, *, group_id: int, good: bool, turns: int) -> Trajectory:
-    """Env tokens, then per turn a 3-token reply and a 2-token observation. Good episodes reply
-    with GOOD only and earn 1 per turn; the others reply with random tokens and earn 0."""
+def _trajectory(rng, model, *, group_id: int, good: bool, turns: int,
+                replies: list[int] | None = None) -> Trajectory:
+    """Env tokens, then per turn a reply (3 tokens, or ``replies[t]``) and a 2-token observation.
+    Good episodes reply with GOOD only and earn 1 per turn; the others reply with random tokens
+    and earn 0."""
+    replies = replies or [3] * turns
     ids = list(rng.integers(20, 1000, size=int(rng.integers(3, 6))))
     mask = [False] * len(ids)
     for t in range(turns):
-        reply = [GOOD] * 3 if good else list(rng.integers(20, 1000, size=3))
+        reply = [GOOD] * replies[t] if good else list(rng.integers(20, 1000, size=replies[t]))
         ids += reply + ([] if t == turns - 1 else list(rng.integers(20, 1000, size=2)))
-        mask += [True] * 3 + ([] if t == turns - 1 else [False] * 2)
+        mask += [True] * replies[t] + ([] if t == turns - 1 else [False] * 2)
     ids, mask = np.array(ids, dtype=np.int32), np.array(mask)
     policy = np.flatnonzero(mask)
     ends = np.zeros_like(mask)
-    ends[[policy[3 * t + 2] for t in range(turns)]] = True
+    ends[policy[np.cumsum(replies) - 1]] = True
     behaviour = _hf_logprobs(model, torch.from_numpy(ids).long()[None])[0].numpy()
     return Trajectory(
         run_id="test", actor_id=0, episode_id=int(rng.integers(1 << 30)), env_name="synthetic",
@@ -97,8 +100,15 @@ def _batch(model, n: int, seed: int = 0) -> list[Trajectory]:
             for i in range(n)]
 
 
+def _algorithm(path: Path) -> dict:
+    """An algorithm preset's TrainerConfig keys (its reasoning_reward is an env setting)."""
+    keys = yaml.safe_load(path.read_text())
+    del keys["reasoning_reward"]
+    return keys
+
+
 def _config(model_path: str, algorithm: str | None = None, **overrides) -> TrainerConfig:
-    keys = yaml.safe_load((ALGORITHMS / f"{algorithm}.yaml").read_text()) if algorithm else {}
+    keys = _algorithm(ALGORITHMS / f"{algorithm}.yaml") if algorithm else {}
     return TrainerConfig.from_dict({"model_path": model_path, "temperature": TEMPERATURE, **keys,
                                     **overrides})
 
@@ -314,6 +324,7 @@ def test_checkpoint_round_trip_continues_identically(model_path, hf_model, tmp_p
 TWO_RANK_RUNS = [  # (config overrides, number of trajectories): even split, and dummy rows
     (dict(algorithm="vagen_full", vtrace=True, num_minibatches=2), 8),
     (dict(algorithm="grpo", num_minibatches=1), 5),
+    (dict(algorithm="turn_ppo", num_minibatches=1, critic_warmup=0), 7),  # whitened over turn ends
 ]
 
 
@@ -420,7 +431,7 @@ def test_kl_loss_tags_restrict_the_kl_to_the_tagged_tokens(model_path, hf_model)
 
 @pytest.mark.parametrize("path", sorted(ALGORITHMS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_algorithm_config_loads(path):
-    cfg = TrainerConfig.from_dict({"model_path": "m", **yaml.safe_load(path.read_text())})
+    cfg = TrainerConfig.from_dict({"model_path": "m", **_algorithm(path)})
     assert cfg.estimator == yaml.safe_load(path.read_text())["estimator"]
 
 
@@ -437,6 +448,33 @@ def test_every_algorithm_config_loads(path):
 def test_from_dict_rejects_bad_keys(bad, match):
     with pytest.raises(ValueError, match=match):
         TrainerConfig.from_dict({"model_path": "m", **bad})
+
+
+@pytest.mark.parametrize("algorithm", ["turn_ppo", "vagen_base"])
+def test_advantages_are_whitened_per_turn_for_turn_wise_gae_else_per_token(model_path, hf_model,
+                                                                           algorithm):
+    """Turns of 1 to 9 tokens: turn_wise_gae's advantages have mean 0 and variance 1 over the
+    turn ends (one entry per turn, as VAGEN), which token-level whitening would not give; the
+    other estimators' over the policy tokens."""
+    from learner.advantages import turn_ends
+    from learner.batch import collate
+    from learner.metrics import StepMetrics
+    from learner.rows import take_rows
+
+    rng = np.random.default_rng(3)
+    trajectories = [_trajectory(rng, hf_model, group_id=i, good=bool(i % 2), turns=3,
+                                replies=[1, 9, 2] if i % 3 else [8, 1, 5]) for i in range(6)]
+    trainer = Trainer(_config(model_path, algorithm))
+    batch = collate(trajectories, multi_turn_reward=trainer.cfg.multi_turn_reward, pad_id=trainer.pad_id)
+    lengths = torch.tensor([len(t.token_ids) for t in trajectories])
+    index = trainer._my_rows(len(trajectories))
+    rows = take_rows(batch, lengths, index, trainer.pad_id, trainer.device, None)
+    adv = trainer._prepare(rows, batch, index, StepMetrics()).advantages
+    mask = rows.batch.loss_mask
+    ends = turn_ends(mask, rows.batch.turn_end)
+    for over, whitened in ((ends, algorithm == "turn_ppo"), (mask, algorithm != "turn_ppo")):
+        mean, var = float(adv[over].mean()), float(adv[over].var())
+        assert (abs(mean) < 1e-5 and var == pytest.approx(1.0, abs=1e-4)) is whitened, (mean, var)
 
 
 # --- 7. value normalisation -----------------------------------------------------------------

@@ -95,6 +95,7 @@ def _episodes(vl_path, hf, n: int, *, render: str = "image") -> list:
 
 def _config(path: str, algorithm: str, **overrides) -> TrainerConfig:
     keys = yaml.safe_load((ALGORITHMS / f"{algorithm}.yaml").read_text())
+    del keys["reasoning_reward"]  # an env setting
     return TrainerConfig.from_dict({"model_path": path, "temperature": TEMPERATURE, **keys,
                                     "critic_warmup": 0, **overrides})
 
