@@ -19,7 +19,9 @@ Invariants:
 - GRPO groups: ``group_size`` consecutive episodes share a seed and a ``group_id`` that is unique
   across actors and restarts (``actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + k``).
   Seeds come from a stream fixed by (``seed``, ``actor_id``, ``incarnation``), within
-  ``train_seeds`` (keep it clear of the evaluation seeds).
+  ``train_seeds`` (keep it clear of the evaluation seeds). With ``whole_groups`` a group's
+  finished trajectories are held until its last member has ended (sent or failed), then sent
+  together, each stamped with how many were sent (a group that lost a member says so).
 - Each episode holds one env slot (training and evaluation episodes share them). Backpressure:
   a trajectory is sent from one sender thread and its episode counts against ``concurrency``
   until the learner has granted the credit to send it.
@@ -57,7 +59,7 @@ INCARNATION_STRIDE = 10**6
 """group_id = actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + the incarnation's
 group count: unique across actors and their restarts."""
 COUNTS = ("episodes_started", "episodes_done", "episodes_failed", "episodes_unsent",
-          "tokens_generated", "weight_updates", "weight_update_failures")
+          "groups_partial", "tokens_generated", "weight_updates", "weight_update_failures")
 """Counters in ``stats()``, next to ``failed/<reason>`` per failure reason and ``episodes_sent``."""
 TIMES = ("engine_start_s", "generate_s", "env_s", "weights_s", "idle_s")
 """Seconds in ``stats()`` as ``time/<name>``: generate_s / env_s summed over training episodes
@@ -94,6 +96,8 @@ class InferenceActor:
         life = self.cfg.incarnation  # the first incarnation keeps the stream of (seed, actor_id)
         self._seed_rng = np.random.default_rng([self.cfg.seed, self.cfg.actor_id] + ([life] if life else []))
         self._group_seed, self._group_id, self._member, self._groups = 0, 0, 0, life * INCARNATION_STRIDE
+        self._held: dict[int, tuple[int, list[Trajectory]]] = {}
+        """whole_groups: group_id -> (members ended, finished trajectories held)."""
         self._episode_ids = itertools.count()
         self._request_ids = itertools.count()
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
@@ -249,16 +253,35 @@ class InferenceActor:
                 self.counts["episodes_failed"] += 1
                 self._budget_changed.set()  # a failed episode gives its place in the budget back
                 self.counts[f"failed/{result.failure.split(':')[0]}"] += 1
-                return
-            self.counts["episodes_done"] += 1
-            self.times["generate_s"] += result.metrics["generate_s"]
-            self.times["env_s"] += result.metrics["env_s"]
-            if self._sender is not None:
-                sending = asyncio.get_running_loop().run_in_executor(self._send_thread, self._send,
-                                                                     result.trajectory)
-                await asyncio.shield(sending)  # a finished episode is sent even if run is stopped
+            else:
+                self.counts["episodes_done"] += 1
+                self.times["generate_s"] += result.metrics["generate_s"]
+                self.times["env_s"] += result.metrics["env_s"]
+            ready = self._ready(group_id, result.trajectory)
+            if self._sender is not None and ready:
+                loop = asyncio.get_running_loop()
+                for trajectory in ready:  # sent even if run is stopped meanwhile
+                    await asyncio.shield(loop.run_in_executor(self._send_thread, self._send, trajectory))
         finally:
             self._room.release()
+
+    def _ready(self, group_id: int, trajectory: Trajectory | None) -> list[Trajectory]:
+        """What to send now that an episode of ``group_id`` ended with ``trajectory`` (None:
+        failed): that trajectory, or with ``whole_groups`` the group's finished members once
+        its last member has ended (each stamped with their number)."""
+        if not self.cfg.whole_groups:
+            return [trajectory] if trajectory is not None else []
+        ended, members = self._held.pop(group_id, (0, []))
+        ended += 1
+        members += [trajectory] if trajectory is not None else []
+        if ended < self.cfg.group_size:
+            self._held[group_id] = (ended, members)
+            return []
+        if len(members) < self.cfg.group_size:
+            self.counts["groups_partial"] += 1
+        for t in members:
+            t.group_size = len(members)
+        return members
 
     def _send(self, trajectory: Trajectory) -> None:
         """In the sender thread: wait for credit; once the actor is closing, for 0.5 s at most."""
@@ -380,6 +403,7 @@ class InferenceActor:
         out: dict[str, Any] = {"actor_id": self.cfg.actor_id, "version": self.version,
                                "episodes_sent": self._sender.sent if self._sender else 0}
         out.update(self.counts)
+        out["episodes_held"] = sum(len(members) for _, members in self._held.values())
         out.update({f"time/{k}": v for k, v in self.times.items()})
         out["time/idle_s"] = idle
         if self._pool is not None and not self._closed:  # a remote service's stats are its own

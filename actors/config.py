@@ -37,6 +37,10 @@ class ActorConfig:
     """Training episodes in flight; at most the number of env slots."""
     group_size: int = 1
     """Episodes per seed (a GRPO group)."""
+    whole_groups: bool = False
+    """Hold each group's trajectories until every member has ended, then send the ones that
+    finished together, each stamped with their number (``Trajectory.group_size``): GRPO's
+    batches take whole groups. False: each trajectory is sent when its episode ends."""
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 96

@@ -135,6 +135,7 @@ def actor_config(cfg, index: int, model_path: str, stream_address: str) -> dict[
         # actors sharing one env service take disjoint slot ranges of it
         "env_slot_offset": index * ac.env_workers * ac.envs_per_worker if ac.env_address else 0,
         "concurrency": ac.concurrency, "group_size": ac.group_size,
+        "whole_groups": cfg.algorithm.estimator == "grpo",  # GRPO batches take whole groups
         "temperature": ac.temperature, "top_p": ac.top_p, "max_tokens": ac.max_tokens,
         "max_turns": cfg.env.max_turns, "max_context": ac.max_context,
         "kv_cache_bytes": ac.kv_cache_bytes, "seed": cfg.seed * 1000 + index,
@@ -207,7 +208,8 @@ def start(cfg, model_path: str, procs: Processes) -> dict[str, Any]:
     placement = place(_nodes(), _roles(cfg), bind_cores=cfg.ray.bind_cores)
     wcfg = {"trainer": trainer_config(cfg, model_path), "max_staleness": cfg.learner.max_staleness,
             "on_stale": cfg.learner.on_stale, "window_bytes": cfg.transport.window_bytes,
-            "weight_timeout_s": cfg.transport.weight_timeout_s, "threads": cfg.learner.get("threads")}
+            "weight_timeout_s": cfg.transport.weight_timeout_s, "threads": cfg.learner.get("threads"),
+            "group_size": cfg.actors.group_size, "partial_groups": cfg.learner.partial_groups}
     learner_cls = ray.remote(LearnerWorker)
     for slot in placement.of("learner"):
         procs.learners.append(learner_cls.options(

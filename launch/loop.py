@@ -125,7 +125,7 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
         if step % t.publish_every == 0:
             metrics.update(supervisor.push(step))
         if procs.runs:
-            supervisor.set_budgets(step, dropped=int(metrics.get("buffer/dropped_stale", 0)))
+            supervisor.set_budgets(step, dropped=int(metrics.get("buffer/dropped", 0)))
         wall = time.perf_counter() - t_step
         metrics.update({"timing/step_wall_s": wall, "throughput/trajectories_per_s": t.batch_size / wall,
                         "throughput/tokens_per_s": metrics.get("rollout/tokens", 0.0) / wall,

@@ -47,12 +47,13 @@ class Inbox:
     """Rank 0's receiving thread: stream -> buffer, with credit returned from this thread only."""
 
     def __init__(self, address: str, *, max_staleness: int, on_stale: str = "drop",
-                 window_bytes: int = 8 << 20) -> None:
+                 window_bytes: int = 8 << 20, group_size: int = 1, partial_groups: str = "train") -> None:
         self.receiver = TrajectoryReceiver(address, window_bytes=window_bytes)
         self.address = self.receiver.address
         self._releases: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self.buffer = TrajectoryBuffer(max_staleness=max_staleness, on_stale=on_stale,
-                                       release=lambda actor, n: self._releases.put((actor, n)))
+                                       release=lambda actor, n: self._releases.put((actor, n)),
+                                       group_size=group_size, partial_groups=partial_groups)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="learner-inbox", daemon=True)
@@ -92,7 +93,11 @@ class Inbox:
                 "stream/received": float(sum(self.receiver.received.values())),
                 "stream/rejected": float(sum(v for k, v in self.receiver.rejected.items() if "/" not in k)),
                 "buffer/taken": float(sum(b.taken.values())),
+                "buffer/dropped": float(sum(b.dropped.values())),
                 "buffer/dropped_stale": float(b.dropped["stale"]),
+                "buffer/dropped_partial_group": float(b.dropped["partial_group"]),
+                "buffer/dropped_incomplete_group": float(b.dropped["incomplete_group"]),
+                "buffer/partial_groups": float(b.partial_groups_taken),
                 "buffer/stale_kept": float(b.stale_kept),
                 "buffer/size": float(len(b)),
                 "buffer/staleness_max": float(max(staleness, default=0)),
@@ -102,7 +107,7 @@ class Inbox:
         with self._lock:
             b = self.buffer
             return {a: {"received": self.receiver.received[a], "taken": b.taken[a],
-                        "dropped": b.dropped[f"stale/{a}"]} for a in self.receiver.received}
+                        "dropped": b.dropped_by_actor[a]} for a in self.receiver.received}
 
     def close(self) -> None:
         self._stop.set()
@@ -147,7 +152,9 @@ class LearnerWorker:
             self.inbox = Inbox(stream_address or "tcp://127.0.0.1:0",
                                max_staleness=int(self.config.get("max_staleness", 1)),
                                on_stale=self.config.get("on_stale", "drop"),
-                               window_bytes=int(self.config.get("window_bytes", 8 << 20)))
+                               window_bytes=int(self.config.get("window_bytes", 8 << 20)),
+                               group_size=int(self.config.get("group_size", 1)),
+                               partial_groups=self.config.get("partial_groups", "train"))
             self.publisher = WeightPublisher(weight_host, weight_port, world_size=weight_world_size,
                                              timeout_s=float(self.config.get("weight_timeout_s", 120)))
             out.update(stream_address=self.inbox.address, weight_port=self.publisher.port)

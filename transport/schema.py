@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_TOKENS = 1 << 20
 MAX_TURNS = 1 << 12
 MAX_IMAGES = 256
+MAX_GROUP = 1 << 12
 
 
 class SchemaError(ValueError):
@@ -68,6 +69,9 @@ class Trajectory:
     """float32, Shape: (T,), T = number of True in turn_end."""
     final_reward: float = 0.0
     """The env's end-of-episode reward (added to the last turn when rewards are placed)."""
+    group_size: int = 0
+    """0: sent alone. k >= 1: sent with the k members of its group that finished (the actor held
+    the group until every member ended): the learner's batches take such groups whole."""
     images: list[EncodedImage] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     """Episode statistics from the actor (success, turns, generation time, ...)."""
@@ -119,7 +123,8 @@ _ARRAYS = {
 }
 _SCALARS = {
     "run_id": str, "actor_id": int, "episode_id": int, "env_name": str, "seed": int,
-    "group_id": int, "final_reward": float, "created_at": float, "schema_version": int,
+    "group_id": int, "group_size": int, "final_reward": float, "created_at": float,
+    "schema_version": int,
 }
 
 
@@ -132,6 +137,8 @@ def _check_trajectory(t: Trajectory) -> None:
             ok = True
         if not ok:
             raise SchemaError(f"{name} must be {kind.__name__}, got {type(value).__name__}")
+    if not 0 <= t.group_size <= MAX_GROUP:
+        raise SchemaError(f"group_size must be in [0, {MAX_GROUP}], got {t.group_size}")
     length = None
     for name, dtype in _ARRAYS.items():
         arr = _array(name, getattr(t, name), dtype, MAX_TOKENS)

@@ -180,6 +180,47 @@ def test_env_failures_lose_episodes_not_the_actor(tokenizer):
     assert stats["episodes_done"] == 4
 
 
+class FailSecondEpisode(FakeEnvs):
+    """The second episode reset fails at its first step (one member of the first group)."""
+
+    async def reset(self, slots, seeds):
+        self.resets = getattr(self, "resets", 0) + 1
+        self.seeds[slots[0]] = "fail" if self.resets == 2 else seeds[0]
+        return [self._env(slots[0]).reset(seeds[0])]
+
+    async def step(self, slots, texts):
+        if self.seeds[slots[0]] == "fail":
+            return [EpisodeFailure("worker_crashed")]
+        return [self._env(slots[0]).step(texts[0])]
+
+
+@pytest.mark.parametrize("whole_groups", [True, False])
+def test_whole_groups_are_sent_together_and_say_how_many(tokenizer, whole_groups):
+    receiver = TrajectoryReceiver("tcp://127.0.0.1:0")
+
+    async def scenario():
+        actor = _actor(tokenizer, envs=FailSecondEpisode(), group_size=3, whole_groups=whole_groups,
+                       learner_address=receiver.address)
+        await actor.start()
+        running = asyncio.create_task(actor.run(num_episodes=6))
+        trajs = await _received(receiver, 5)
+        stats = await running
+        await actor.close()
+        return stats, trajs
+
+    try:
+        stats, trajs = asyncio.run(scenario())
+    finally:
+        receiver.close()
+    assert stats["episodes_failed"] == 1 and len(trajs) == stats["episodes_sent"] == 5
+    first, second = 2 * GROUP_STRIDE, 2 * GROUP_STRIDE + 1
+    if whole_groups:  # the group that lost a member says so; each group arrives in one piece
+        assert [(t.group_id, t.group_size) for t in trajs] == [(first, 2)] * 2 + [(second, 3)] * 3
+        assert stats["groups_partial"] == 1 and stats["episodes_held"] == 0
+    else:
+        assert all(t.group_size == 0 for t in trajs) and stats["groups_partial"] == 0
+
+
 def test_stop_ends_run_and_engine_errors_propagate(tokenizer):
     async def scenario():
         actor = _actor(tokenizer)

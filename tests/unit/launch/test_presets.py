@@ -14,7 +14,7 @@ import pytest
 
 from actors.episode import Generation, run_episode
 from envs.registry import make
-from launch.controller import env_config, trainer_config
+from launch.controller import actor_config, env_config, trainer_config
 from launch.tiny_tokenizer import build_tokenizer
 from launch.train import compose
 from learner.batch import collate
@@ -122,3 +122,9 @@ def test_preset_rewards_and_masks(episodes, name):
 def test_an_env_without_a_judge_stays_without_one():
     cfg = compose(["algorithm=vagen_base", "env.reasoning_reward=null"])
     assert env_config(cfg)["reasoning_reward"] is None
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_grpo_alone_has_its_actors_send_whole_groups(name):
+    cfg = compose([f"algorithm={name}"])
+    assert actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1")["whole_groups"] is (name == "grpo")

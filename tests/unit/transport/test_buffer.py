@@ -27,7 +27,7 @@ def test_staleness_bound(on_stale):
     if on_stale == "drop":
         batch = buf.take(2, current_version=3)
         assert [t.episode_id for t in batch] == [2, 3]
-        assert buf.dropped["stale"] == 2 and buf.dropped["stale/actor-0"] == 2
+        assert buf.dropped["stale"] == 2 and buf.dropped_by_actor["actor-0"] == 2
     else:
         batch = buf.take(4, current_version=3)
         assert len(batch) == 4 and buf.stale_kept == 2 and not buf.dropped
@@ -55,8 +55,78 @@ def test_accounting_holds_for_random_traffic():
             buf.take(rng.randrange(1, 4), current_version=version)
             version += 1
     for actor in buf.received:
-        held = sum(1 for a, _, _ in buf._entries if a == actor)
-        assert buf.received[actor] == buf.taken[actor] + buf.dropped[f"stale/{actor}"] + held
+        held = sum(1 for g in buf._groups.values() for a, _, _ in g.entries if a == actor)
+        assert buf.received[actor] == buf.taken[actor] + buf.dropped_by_actor[actor] + held
+
+
+def _member(actor_id, group, k, *, episode, version=0):
+    t = make_trajectory(actor_id, episode, version=version, seed=group)
+    t.group_size = k
+    return t
+
+
+def test_batches_take_whole_groups_in_arrival_order():
+    buf = TrajectoryBuffer(max_staleness=2, group_size=3)
+    # group 1 (3 members) arrives interleaved with group 2 (3) and group 3 (3, last incomplete)
+    order = [(1, 0), (2, 1), (1, 2), (3, 3), (2, 4), (1, 5), (3, 6), (2, 7)]
+    for group, episode in order:
+        buf.put("a", _member(0, group, 3, episode=episode), 1)
+    # 4 wanted: group 1 alone (3) is not enough, groups 1 and 2 (6) are: no group is split
+    assert [t.episode_id for t in buf.take(4, current_version=0)] == [0, 2, 5, 1, 4, 7]
+    assert buf.take(1, current_version=0) is None  # group 3 is still missing a member
+    buf.put("a", _member(0, 3, 3, episode=8), 1)
+    assert [t.episode_id for t in buf.take(1, current_version=0)] == [3, 6, 8]
+    assert len(buf) == 0 and buf.partial_groups_taken == 0
+
+
+@pytest.mark.parametrize("policy", ["train", "drop"])
+def test_a_group_that_lost_a_member_is_trained_or_dropped_and_counted(policy):
+    buf = TrajectoryBuffer(max_staleness=2, group_size=3, partial_groups=policy)
+    for episode in range(2):  # the actor sent 2 of 3: one episode failed
+        buf.put("a", _member(0, 1, 2, episode=episode), 1)
+    for episode in range(2, 5):
+        buf.put("a", _member(0, 2, 3, episode=episode), 1)
+    batch = buf.take(3, current_version=0)
+    if policy == "train":
+        assert [t.episode_id for t in batch] == [0, 1, 2, 3, 4] and buf.partial_groups_taken == 1
+    else:
+        assert [t.episode_id for t in batch] == [2, 3, 4] and buf.dropped["partial_group"] == 2
+    assert buf.received["a"] == buf.taken["a"] + buf.dropped_by_actor["a"] == 5
+
+
+def test_a_group_that_never_completes_is_dropped_once_stale():
+    released = []
+    buf = TrajectoryBuffer(max_staleness=1, on_stale="keep", group_size=3,
+                           release=lambda a, n: released.append(n))
+    buf.put("a", _member(0, 1, 3, episode=0, version=0), 7)  # its actor died while sending
+    buf.put("a", _member(0, 2, 1, episode=1, version=1), 7)
+    assert buf.take(1, current_version=1) is not None and len(buf) == 1  # 1 version old: waits
+    assert buf.take(1, current_version=2) is None and buf.dropped["incomplete_group"] == 1
+    assert len(buf) == 0 and released == [7, 7]
+
+
+def test_grouped_traffic_keeps_the_accounting():
+    import random
+
+    rng = random.Random(1)
+    buf = TrajectoryBuffer(max_staleness=1, group_size=4, partial_groups="drop")
+    version, sent = 0, 0
+    for group in range(200):
+        actor = f"actor-{rng.randrange(3)}"
+        k = rng.choice([4, 4, 4, 3, 0])
+        for _ in range(k if rng.random() > 0.05 else k - 1):  # a few arrive incomplete
+            buf.put(actor, _member(0, group, k, episode=sent, version=max(0, version - rng.randrange(3))), 1)
+            sent += 1
+        if group % 5 == 0:
+            batch = buf.take(rng.randrange(1, 9), current_version=version)
+            if batch:
+                ids = {t.group_id for t in batch if t.group_size}
+                assert all(sum(t.group_id == g for t in batch) == next(
+                    t.group_size for t in batch if t.group_id == g) for g in ids)  # whole groups
+            version += 1
+    for actor in buf.received:
+        held = sum(1 for g in buf._groups.values() for a, _, _ in g.entries if a == actor)
+        assert buf.received[actor] == buf.taken[actor] + buf.dropped_by_actor[actor] + held
 
 
 def test_bad_config():
@@ -64,3 +134,5 @@ def test_bad_config():
         TrajectoryBuffer(max_staleness=-1)
     with pytest.raises(ValueError):
         TrajectoryBuffer(max_staleness=1, on_stale="downweight")
+    with pytest.raises(ValueError, match="partial_groups"):
+        TrajectoryBuffer(max_staleness=1, partial_groups="wait")

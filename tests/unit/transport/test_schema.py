@@ -50,6 +50,9 @@ def test_round_trip_and_staleness_anchor():
     ({"actor_id": "1"}, "actor_id"),
     ({"seed": True}, "seed"),
     ({"metrics": {"x": "high"}}, "metrics"),
+    ({"group_size": -1}, "group_size"),
+    ({"group_size": 1 << 13}, "group_size"),
+    ({"group_size": 2.0}, "group_size"),
 ])
 def test_malformed_fields_are_rejected(overrides, message):
     with pytest.raises(SchemaError, match=message):
