@@ -49,6 +49,7 @@ from envs.pool import EnvPool
 from envs.registry import resolve_config
 from envs.service import EnvServiceError, LocalEnvClient, RemoteEnvClient
 from transport.cores import bind_cores
+from transport.output import redirect_output
 from transport.schema import Trajectory
 from transport.stream import TrajectorySender
 
@@ -113,6 +114,7 @@ class InferenceActor:
         self._started = True
         t0 = time.perf_counter()
         cfg = self.cfg
+        redirect_output(cfg.log_file)  # before the engine starts: its processes inherit it
         bound = bind_cores(cfg.cores)  # before the engine and env workers start: they inherit it
         if bound:  # and the vLLM worker's OpenMP threads go to the same cores
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, bound))

@@ -61,6 +61,9 @@ class ActorConfig:
     cores: tuple[int, ...] = ()
     """CPU cores this actor's process, engine and env workers run on (the placement's); () for
     wherever the operating system puts them."""
+    log_file: str | None = None
+    """This process's output and its vLLM engine's go to this file (appended); None: to the
+    console (Ray forwards it to the driver)."""
     incarnation: int = 0
     """Times this actor was restarted: each incarnation plays its own stream of seeds and group
     ids, so a restarted actor repeats no group of the one it replaces."""

@@ -15,8 +15,23 @@ cache for VLMs, actors/vision.py): KV computed with the old weights must not be 
 
 from __future__ import annotations
 
+import logging
+
 from transport import heap
 from transport.weights import WeightSubscriber
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class RotaryCacheFilter(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" warning, printed at every reload:
+    the rotary embedding's cos/sin cache is computed from the model's config and is in no
+    checkpoint (Hugging Face's included), so vLLM puts the computed cache back. Harmless: after
+    every update the engine's outputs equal transformers' on the new weights
+    (tests/integration/test_vllm_weight_sync.py). Any other layer's warning still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
 
 
 class WeightSyncExtension:
@@ -25,6 +40,9 @@ class WeightSyncExtension:
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int,
                           timeout_s: float = 60.0) -> None:
         """Connect this worker to the learner's weight group (also after a restart)."""
+        reload_log = logging.getLogger(RELOAD_LOGGER)
+        if not any(isinstance(f, RotaryCacheFilter) for f in reload_log.filters):
+            reload_log.addFilter(RotaryCacheFilter())
         self.leave_weight_group()
         self._weight_subscriber = WeightSubscriber(host, port, rank, world_size, timeout_s=timeout_s)
 

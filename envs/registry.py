@@ -24,6 +24,7 @@ from envs.protocol import Env
 _FACTORIES = {
     "frozenlake": "envs.frozenlake:make_env",
     "sokoban": "envs.sokoban:make_env",
+    "action_words": "envs.action_words:make_env",
 }
 NAMES: tuple[str, ...] = tuple(_FACTORIES)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "env"

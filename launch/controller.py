@@ -197,10 +197,11 @@ def _warm_start_task(threads: int, *args, **kwargs) -> Path:
     return warm_start(*args, **kwargs)
 
 
-def start(cfg, model_path: str, procs: Processes) -> dict[str, Any]:
+def start(cfg, model_path: str, procs: Processes, log_dir: Path | None = None) -> dict[str, Any]:
     """Place and start the learner ranks and the actors into ``procs`` (filled as they are
     created, so ``shutdown(procs)`` stops them also when starting fails half-way); the actors
-    join the weight group."""
+    join the weight group. With ``log_dir`` each process's output (an actor's vLLM engine
+    included) goes to ``log_dir/learner-<rank>.log`` / ``actor-<index>.log``, not the console."""
     import ray
 
     from learner.worker import LearnerWorker
@@ -214,7 +215,8 @@ def start(cfg, model_path: str, procs: Processes) -> dict[str, Any]:
     for slot in placement.of("learner"):
         procs.learners.append(learner_cls.options(
             num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
-        ).remote(slot.index, cfg.learner.ranks, {**wcfg, "cores": list(slot.cores)}))
+        ).remote(slot.index, cfg.learner.ranks, {**wcfg, "cores": list(slot.cores),
+                                                 "log_file": _log_file(log_dir, f"learner-{slot.index}")}))
     host = placement.learner_address if cfg.ray.address or os.environ.get("RAY_ADDRESS") else "127.0.0.1"
     port = _free_port()
     infos = ray.get([w.setup.remote(
@@ -227,7 +229,8 @@ def start(cfg, model_path: str, procs: Processes) -> dict[str, Any]:
                           "world_size": placement.weight_world_size,
                           "timeout_s": cfg.transport.weight_timeout_s}
     procs.actor_slots = placement.of("actor")
-    procs.actor_configs = [{**actor_config(cfg, slot.index, model_path, stream), "cores": slot.cores}
+    procs.actor_configs = [{**actor_config(cfg, slot.index, model_path, stream), "cores": slot.cores,
+                            "log_file": _log_file(log_dir, f"actor-{slot.index}")}
                            for slot in procs.actor_slots]
     for i in range(len(procs.actor_slots)):
         procs.actors.append(_new_actor(procs, i))
@@ -361,6 +364,10 @@ def shutdown(procs: Processes, started_ray: bool) -> None:
         ray.kill(h)
     if started_ray:
         ray.shutdown()
+
+
+def _log_file(log_dir: Path | None, name: str) -> str | None:
+    return None if log_dir is None else str(Path(log_dir).resolve() / f"{name}.log")
 
 
 def _on(node_id: str):

@@ -67,6 +67,7 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = _log_dir(cfg, run_dir)
     logger = RunLogger(run_dir, OmegaConf.to_container(cfg, resolve=True), wandb_mode=cfg.logger.mode,
                        use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
     started = init_ray(cfg)
@@ -82,7 +83,7 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
             model_path = prepare_model(cfg, run_dir)
             summary["warm_start_s"] = round(time.perf_counter() - t0, 1)
-            start(cfg, model_path, procs)
+            start(cfg, model_path, procs, log_dir=log_dir)
             summary.update(_run(cfg, run_dir, procs, logger, monitor, stop))
     finally:
         if monitor is not None:
@@ -93,6 +94,13 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
         logger.close()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _log_dir(cfg, run_dir: Path) -> Path | None:
+    """Where the processes' output goes (``logger.console=run``), or None: the console (``all``)."""
+    if cfg.logger.console not in ("run", "all"):
+        raise ValueError(f"logger.console must be run or all, got {cfg.logger.console!r}")
+    return run_dir / "logs" if cfg.logger.console == "run" else None
 
 
 def _eval_text(record: dict[str, Any]) -> str:

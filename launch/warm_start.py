@@ -50,12 +50,14 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
                actions_per_turn: int | None = None, mistake: str = "random",
                reasoning: str = "relation", schedule: str = "constant", warmup: int = 0,
                micro_batch_size: int = 0, log_every: int = 10, eval_seeds: Sequence[int] = (),
-               eval_every: int = 0,
+               eval_every: int = 0, progress_s: float = 30.0,
                max_new_tokens: int = 256) -> Path:
     """Fine-tune ``model_path`` on demonstrations of ``env_name``; returns ``out_dir``.
 
     With ``eval_seeds``, ``evaluate_hf`` runs before training, every ``eval_every`` steps
     (0: only before and after) and after the last step; its results go to warm_start.jsonl.
+    A progress line (step, loss, token accuracy, time left) is printed every ``progress_s``
+    seconds and at the last step (0: never).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
@@ -79,6 +81,7 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     auto = AutoModelForCausalLM if vision is None else AutoModelForImageTextToText
     model = auto.from_pretrained(model_path, dtype=torch.float32).to(device)
     t0 = time.perf_counter()
+    _say(f"warm start: building demonstrations of {n_seeds} {env_name} seeds")
     demos = make_demonstrations(env_name, env_config, tokenizer,
                                 range(seed_offset, seed_offset + n_seeds),
                                 action_noise=action_noise, rng_seed=seed,
@@ -95,14 +98,19 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
                                  vision=vision)
             write({"step": step, **{f"eval/{k}": v for k, v in result.items()}})
 
+        progress = _Progress(steps, progress_s)
+
         def on_step(metrics: dict) -> None:
             step = int(metrics["step"])
+            progress(step, metrics)
             if step % log_every == 0 or step == steps:
                 write(metrics)
             if eval_seeds and eval_every and step % eval_every == 0 and step != steps:
                 evaluate(step)
 
         write(_demo_summary(demos, seconds=time.perf_counter() - t0))
+        _say(f"warm start: {len(demos)} demonstrations in {time.perf_counter() - t0:.0f} s; "
+             f"{steps} SFT steps of {batch_size}")
         if eval_seeds:
             evaluate(0)
         train_sft(model, demos, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
@@ -115,6 +123,28 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     if vision is not None:
         _copy_processor_files(Path(model_path), out)
     return out
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+class _Progress:
+    """Prints "warm start: step k/n, loss .., token accuracy .., t s, ~m min left" every
+    ``every_s`` seconds of SFT and at the last step."""
+
+    def __init__(self, steps: int, every_s: float) -> None:
+        self.steps, self.every_s = steps, every_s
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        now = time.perf_counter()
+        if not self.every_s or (now - self.last < self.every_s and step != self.steps):
+            return
+        self.last = now
+        left = (now - self.start) / step * (self.steps - step)
+        _say(f"warm start: step {step}/{self.steps}, loss {metrics['sft/loss']:.3f}, token accuracy "
+             f"{metrics['sft/token_accuracy']:.3f}, {now - self.start:.0f} s, ~{left / 60:.1f} min left")
 
 
 def _copy_processor_files(src: Path, out: Path) -> None:

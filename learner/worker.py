@@ -36,6 +36,7 @@ from learner.trainer import Trainer
 from transport import heap
 from transport.buffer import TrajectoryBuffer
 from transport.cores import bind_cores
+from transport.output import redirect_output
 from transport.schema import Trajectory
 from transport.stream import TrajectoryReceiver
 from transport.weights import WeightPublisher
@@ -117,8 +118,8 @@ class Inbox:
 class LearnerWorker:
     """One learner rank; see the module docstring. ``config`` holds ``trainer`` (TrainerConfig
     keys), ``cores`` (CPU cores of the rank's own, from the placement), ``threads`` (torch threads
-    of the rank; unset: one per bound core, else Ray's, one per CPU it reserved) and the
-    rank-0 settings ``max_staleness``, ``on_stale``, ``window_bytes``, ``weight_timeout_s``,
+    of the rank; unset: one per bound core, else Ray's, one per CPU it reserved), ``log_file``
+    (where the rank's output goes; unset: the console) and the rank-0 settings ``max_staleness``, ``on_stale``, ``window_bytes``, ``weight_timeout_s``,
     ``batch_timeout_s``."""
 
     def __init__(self, rank: int, world_size: int, config: Mapping[str, Any]) -> None:
@@ -136,6 +137,7 @@ class LearnerWorker:
               device: str = "cpu") -> dict[str, Any]:
         """Join the FSDP group and build the trainer; rank 0 also binds the stream and hosts the
         weight group (its store's port is returned, with the stream's address)."""
+        redirect_output(self.config.get("log_file"))
         backend = "nccl" if device.startswith("cuda") else "gloo"
         timeout = timedelta(seconds=float(self.config.get("dist_timeout_s", 1800)))
         if device.startswith("cuda"):

@@ -48,6 +48,7 @@ def _kill_actor_after(run_dir, step: int, report: dict) -> None:
     report["survivors"] = [(p.pid, p.name()) for p in alive if p.is_running()]
 
 
+@pytest.mark.slow
 def test_a_killed_actor_is_replaced_and_the_run_completes(tmp_path):
     report: dict = {}
     killer = threading.Thread(target=_kill_actor_after, args=(tmp_path, KILL_AFTER_STEP, report),

@@ -1,9 +1,14 @@
 """The whole system for a few steps: Ray + real vLLM actors + ZeroMQ stream + gloo broadcast + 2 FSDP
 learner ranks. Asserts what the loop promises: weight versions advance at the actors and on the
 tokens, staleness stays within the bound, every trajectory an actor sent was received and then
-either trained on or dropped, and the run directory holds what a user expects."""
+either trained on or dropped, and the run directory holds what a user expects.
+
+``make test`` runs one of them, which also has to learn: the tiny model with random weights on
+ActionWords (envs/action_words.py), whose reward rises within a few steps. The FrozenLake runs
+(async and sync, images, Ctrl-C) are ``slow``."""
 
 import json
+import statistics
 
 import pytest
 
@@ -19,10 +24,44 @@ SHORT = [
 ]
 
 
+LEARN = [
+    "env=action_words", "algorithm=grpo", "warm_start.enabled=false", "train.steps=25",
+    "train.batch_size=32", "train.eval_every=0", "train.eval_seeds=8", "train.save_samples=2",
+    "learner.ranks=2", "learner.max_staleness=1", "learner.lr=5e-3", "actors.num=1",
+    "actors.concurrency=16", "actors.group_size=8", "actors.max_tokens=12",
+    "actors.envs_per_worker=16", "logger.wandb=false", "ray.num_cpus=4",
+]
+
+
 def _run(tmp_path, *overrides):
     return train(compose([*SHORT, *overrides]), tmp_path)
 
 
+def test_the_real_loop_learns_and_keeps_its_promises(tmp_path):
+    """Asynchronous GRPO on ActionWords, 25 steps of 32 episodes: the reward rises by more than
+    its noise; every group is trained whole; nothing is lost on the wire; every process's
+    output is in <run dir>/logs, not on the console."""
+    summary = train(compose(LEARN), tmp_path)
+    train_rows = [r for r in read_records(tmp_path) if r["kind"] == "train"]
+    assert [r["step"] for r in train_rows] == list(range(1, 26))
+    rewards = [r["rollout/reward"] for r in train_rows]
+    first, last = statistics.mean(rewards[:3]), statistics.mean(rewards[-3:])
+    noise = max(statistics.stdev(rewards[:3]), statistics.stdev(rewards[-3:]), 0.02)
+    assert last > first + 3 * noise and last > first + 0.15, rewards
+    for r in train_rows:
+        assert r["policy/staleness_max"] <= 1
+        assert r["rollout/tokens"] > 0 and r["buffer/partial_groups"] == 0
+    (actor,) = summary["actors"]
+    assert actor["version"] == 25 and actor["weight_updates"] == 25 and actor["episodes_held"] >= 0
+    ((name, acc),) = summary["accounting"].items()
+    assert acc["received"] == actor["episodes_sent"] and acc["taken"] == 25 * 32
+    assert acc["taken"] + acc["dropped"] <= acc["received"]
+    logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("*.log")}
+    assert set(logs) == {"actor-0.log", "learner-0.log", "learner-1.log"}
+    assert "vllm" in logs["actor-0.log"].lower()  # the engine's own lines went to the file
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_short_run_keeps_its_promises(tmp_path, mode):
     summary = _run(tmp_path, f"train.mode={mode}")
@@ -53,6 +92,7 @@ def test_short_run_keeps_its_promises(tmp_path, mode):
     assert "[policy v" in (tmp_path / "samples.txt").read_text()
 
 
+@pytest.mark.slow
 def test_short_vision_language_run(tmp_path):
     """The same loop with a tiny Qwen2-VL on FrozenLake rendered as images: the actors play image
     episodes, the learner ranks train on them (pixel values in every forward) and the weights,
@@ -72,6 +112,7 @@ def test_short_vision_language_run(tmp_path):
     assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_and_stops_at_the_next_step(tmp_path, monkeypatch):
     """Ctrl-C (SIGINT to the driver) once the first step is logged: the run stops after that
     step as on SIGTERM: no more steps or evals, a checkpoint, summary.json saying so, and

@@ -327,3 +327,16 @@ def test_episode_budget_holds_the_actor_back_until_raised(tokenizer):
         receiver.close()
     assert (first, held) == (4, 4)
     assert (second, after) == (4, 8)
+
+
+def test_the_rotary_cache_reload_warning_is_filtered_and_nothing_else():
+    import logging
+
+    from actors.vllm_extension import RotaryCacheFilter
+
+    def record(layer):
+        return logging.LogRecord("x", logging.WARNING, "f", 1, "%s: Failed to load weights", (layer,), None)
+
+    f = RotaryCacheFilter()
+    assert not f.filter(record("RotaryEmbedding"))
+    assert f.filter(record("QKVParallelLinear"))

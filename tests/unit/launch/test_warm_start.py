@@ -15,7 +15,7 @@ from launch.warm_start import PROCESSOR_FILES, config_defaults, main, parse_args
 
 
 @pytest.mark.parametrize("vision", [False, True], ids=["text", "image"])
-def test_warm_start_writes_a_trained_model_the_next_stage_loads(tmp_path, vision):
+def test_warm_start_writes_a_trained_model_the_next_stage_loads(tmp_path, vision, capsys):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     from actors.vision import VisionTokens
@@ -26,6 +26,10 @@ def test_warm_start_writes_a_trained_model_the_next_stage_loads(tmp_path, vision
                 *render, "--seeds", "8", "--steps", "3", "--batch-size", "4", "--log-every", "1",
                 "--eval-seeds", "2", "--max-new-tokens", "8"])
 
+    # The console shows the phase's progress: the demonstrations, then the last step at least.
+    printed = capsys.readouterr().out
+    assert "warm start: 8 demonstrations in" in printed
+    assert "warm start: step 3/3, loss " in printed and "min left" in printed
     records = [json.loads(line) for line in (out / "warm_start.jsonl").read_text().splitlines()]
     assert records[0]["demo/episodes"] == 8
     assert [r["step"] for r in records if "sft/loss" in r] == [1.0, 2.0, 3.0]
