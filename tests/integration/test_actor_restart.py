@@ -9,6 +9,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from launch.metrics import read_records
 from tests.integration.test_train_loop import _run
