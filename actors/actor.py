@@ -97,6 +97,9 @@ class InferenceActor:
         life = self.cfg.incarnation  # the first incarnation keeps the stream of (seed, actor_id)
         self._seed_rng = np.random.default_rng([self.cfg.seed, self.cfg.actor_id] + ([life] if life else []))
         self._group_seed, self._group_id, self._member, self._groups = 0, 0, 0, life * INCARNATION_STRIDE
+        for _ in range(self.cfg.skip_groups):  # a resumed run: where its checkpoint left the stream
+            self._seed_rng.integers(*self.cfg.train_seeds)
+        self._groups += self.cfg.skip_groups
         self._held: dict[int, tuple[int, list[Trajectory]]] = {}
         """whole_groups: group_id -> (members ended, finished trajectories held)."""
         self._episode_ids = itertools.count()
@@ -403,7 +406,9 @@ class InferenceActor:
         if self._requests == 0:
             idle += time.perf_counter() - self._idle_since
         out: dict[str, Any] = {"actor_id": self.cfg.actor_id, "version": self.version,
-                               "episodes_sent": self._sender.sent if self._sender else 0}
+                               "episodes_sent": self._sender.sent if self._sender else 0,
+                               "incarnation": self.cfg.incarnation,
+                               "groups_drawn": self._groups - self.cfg.incarnation * INCARNATION_STRIDE}
         out.update(self.counts)
         out["episodes_held"] = sum(len(members) for _, members in self._held.values())
         out.update({f"time/{k}": v for k, v in self.times.items()})

@@ -67,6 +67,9 @@ class ActorConfig:
     incarnation: int = 0
     """Times this actor was restarted: each incarnation plays its own stream of seeds and group
     ids, so a restarted actor repeats no group of the one it replaces."""
+    skip_groups: int = 0
+    """Groups of this incarnation's stream already played: a resumed run's actor continues the
+    stream where the checkpoint left it (its seeds and group ids), repeating none."""
 
     def __post_init__(self) -> None:
         self.train_seeds = tuple(self.train_seeds)
@@ -84,8 +87,9 @@ class ActorConfig:
             raise ValueError("training needs temperature > 0 and top_p in (0, 1]")
         if self.env_slot_offset and not self.env_address:
             raise ValueError("env_slot_offset is for a shared env service (env_address)")
-        if self.incarnation < 0:
-            raise ValueError(f"incarnation must be >= 0, got {self.incarnation}")
+        if self.incarnation < 0 or self.skip_groups < 0:
+            raise ValueError(f"incarnation and skip_groups must be >= 0, got {self.incarnation}, "
+                             f"{self.skip_groups}")
         if len(self.train_seeds) != 2 or not 0 <= self.train_seeds[0] < self.train_seeds[1]:
             raise ValueError(f"train_seeds must be [low, high) with 0 <= low < high, got {self.train_seeds}")
 

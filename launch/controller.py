@@ -197,11 +197,14 @@ def _warm_start_task(threads: int, *args, **kwargs) -> Path:
     return warm_start(*args, **kwargs)
 
 
-def start(cfg, model_path: str, procs: Processes, log_dir: Path | None = None) -> dict[str, Any]:
+def start(cfg, model_path: str, procs: Processes, log_dir: Path | None = None,
+          streams: list[dict[str, int]] | None = None) -> dict[str, Any]:
     """Place and start the learner ranks and the actors into ``procs`` (filled as they are
     created, so ``shutdown(procs)`` stops them also when starting fails half-way); the actors
     join the weight group. With ``log_dir`` each process's output (an actor's vLLM engine
-    included) goes to ``log_dir/learner-<rank>.log`` / ``actor-<index>.log``, not the console."""
+    included) goes to ``log_dir/learner-<rank>.log`` / ``actor-<index>.log``, not the console.
+    ``streams`` (a resumed run's, from its checkpoint: ``incarnation`` and ``groups_drawn`` per
+    actor) continue each actor's seed stream where it was."""
     import ray
 
     from learner.worker import LearnerWorker
@@ -232,9 +235,12 @@ def start(cfg, model_path: str, procs: Processes, log_dir: Path | None = None) -
     procs.actor_configs = [{**actor_config(cfg, slot.index, model_path, stream), "cores": slot.cores,
                             "log_file": _log_file(log_dir, f"actor-{slot.index}")}
                            for slot in procs.actor_slots]
+    procs.restarts = [0] * len(procs.actor_slots)
+    for i, stream in enumerate((streams or [])[:len(procs.actor_slots)]):
+        procs.restarts[i] = stream["incarnation"]
+        procs.actor_configs[i]["skip_groups"] = stream["groups_drawn"]
     for i in range(len(procs.actor_slots)):
-        procs.actors.append(_new_actor(procs, i))
-    procs.restarts = [0] * len(procs.actors)
+        procs.actors.append(_new_actor(procs, i, procs.restarts[i]))
     ray.get([a.start.remote() for a in procs.actors])
     _join_weight_group(procs)
     return {"placement": placement, "stream": stream, "weight_port": infos[0]["weight_port"]}
@@ -279,6 +285,7 @@ def restart_actor(procs: Processes, index: int, max_restarts: int, error: BaseEx
     log.warning("actor %d failed (%s: %s): restarting it", index, type(error).__name__, error)
     ray.kill(procs.actors[index], no_restart=True)
     procs.restarts[index] += 1
+    procs.actor_configs[index]["skip_groups"] = 0  # a new incarnation's stream starts afresh
     procs.actors[index] = _new_actor(procs, index, procs.restarts[index])
     ray.get(procs.actors[index].start.remote())
 

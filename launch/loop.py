@@ -15,8 +15,13 @@ or when a weight push fails) without stopping the run.
 
 Invariants: everything started here is stopped here, on success, on error and on SIGTERM or
 Ctrl-C (which checkpoint first, at the next step boundary; a second Ctrl-C leaves at once);
-``<run dir>/summary.json`` is written in every case; on ``train.resume`` the step continues from
-the checkpoint's.
+``<run dir>/summary.json`` is written in every case. Checkpoints (launch/checkpoints.py) are
+written every ``train.checkpoint_every`` steps and at the end. Resuming (``train.resume=<run
+dir>``) continues that run in its directory from its newest checkpoint: the step, the policy
+version, the optimizers, the value-norm statistics, the entropy coefficient and the learner
+ranks' RNG states come back, each actor's seed stream continues where it was, the episode
+budgets follow from the step, the warm start is not run again, and ``metrics.jsonl`` continues
+without the records of steps after the checkpoint (they run again).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launch import checkpoints
 from launch.controller import Processes, evaluate, init_ray, prepare_model, push_weights, shutdown, start
 from launch.metrics import RunLogger
 from launch.supervisor import Supervisor
@@ -68,6 +74,11 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir = _log_dir(cfg, run_dir)
+    resume = _resume_point(cfg, run_dir)
+    if resume is not None:
+        dropped = checkpoints.truncate_records(run_dir, resume["step"])
+        print(f"resuming {run_dir} from step {resume['step']} (version {resume['version']}); "
+              f"{dropped} records of later steps dropped", flush=True)
     logger = RunLogger(run_dir, OmegaConf.to_container(cfg, resolve=True), wandb_mode=cfg.logger.mode,
                        use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
     started = init_ray(cfg)
@@ -83,8 +94,9 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
             model_path = prepare_model(cfg, run_dir)
             summary["warm_start_s"] = round(time.perf_counter() - t0, 1)
-            start(cfg, model_path, procs, log_dir=log_dir)
-            summary.update(_run(cfg, run_dir, procs, logger, monitor, stop))
+            start(cfg, model_path, procs, log_dir=log_dir,
+                  streams=resume["actor_streams"] if resume else None)
+            summary.update(_run(cfg, run_dir, procs, logger, monitor, stop, resume))
     finally:
         if monitor is not None:
             summary["memory"] = monitor.report()
@@ -94,6 +106,17 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
         logger.close()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _resume_point(cfg, run_dir: Path) -> dict[str, Any] | None:
+    """The newest checkpoint's extra (with its ``path``) when resuming, else None."""
+    if not cfg.train.resume:
+        return None
+    latest = checkpoints.latest(run_dir)
+    if latest is None:
+        raise FileNotFoundError(f"train.resume={cfg.train.resume}: no checkpoint in "
+                                f"{checkpoints.root(run_dir)}")
+    return {**checkpoints.read_extra(latest), "path": latest}
 
 
 def _log_dir(cfg, run_dir: Path) -> Path | None:
@@ -109,20 +132,27 @@ def _eval_text(record: dict[str, Any]) -> str:
     return " | ".join([f"success {record['success']:.3f}", *scores])
 
 
-def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop: Stop) -> dict[str, Any]:
+def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop: Stop,
+         resume: dict[str, Any] | None) -> dict[str, Any]:
     """From started processes to the final checkpoint; returns the summary's results."""
     import ray
 
     t = cfg.train
     step = 0
-    checkpoint = run_dir / "checkpoint"
-    if t.resume and (checkpoint / "extra.pt").exists():
-        extra = ray.get([w.load_checkpoint.remote(str(checkpoint)) for w in procs.learners])[0]
-        step = int(extra["step"])
-        push_weights(procs, step)  # the actors' engines start from the model path, not the checkpoint
     seeds = list(range(t.eval_seed_offset, t.eval_seed_offset + t.eval_seeds))
-    evals = [logger.log("eval", step, evaluate(procs, seeds))]
-    print(f"eval before RL: {_eval_text(evals[-1])} on {len(seeds)} seeds", flush=True)
+    evals = [r for r in logger.records if r["kind"] == "eval"]
+    resumed = None
+    if resume is not None:
+        loaded = ray.get([w.load_checkpoint.remote(str(resume["path"])) for w in procs.learners])[0]
+        step = int(loaded["step"])
+        if loaded["optimizer_fingerprint_loaded"] != loaded["optimizer_fingerprint"]:
+            raise RuntimeError(f"{resume['path']}: the optimizers did not come back as saved")
+        push_weights(procs, step)  # the actors' engines start from the model path, not the checkpoint
+        resumed = {"step": step, "version": int(loaded["version"]),
+                   "optimizer_fingerprint": loaded["optimizer_fingerprint_loaded"]}
+    if not evals:
+        evals.append(logger.log("eval", step, evaluate(procs, seeds)))
+        print(f"eval before RL: {_eval_text(evals[-1])} on {len(seeds)} seeds", flush=True)
     supervisor = Supervisor(cfg, procs)
     if t.mode == "async":
         supervisor.start_runs(step)
@@ -149,14 +179,14 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
             evals.append(logger.log("eval", step, evaluate(procs, seeds)))
             print(f"eval at step {step}: {_eval_text(evals[-1])}", flush=True)
         if t.checkpoint_every and step % t.checkpoint_every == 0:
-            _checkpoint(procs, checkpoint, step)
+            _checkpoint(cfg, procs, run_dir, step)
     if procs.runs:
         ray.get([a.stop.remote() for a in procs.actors])
         ray.get(procs.runs)
     if evals[-1]["step"] != step and not stop.requested:  # a stop request leaves quickly
         evals.append(logger.log("eval", step, evaluate(procs, seeds)))
     print(f"eval after RL: {_eval_text(evals[-1])}", flush=True)
-    _checkpoint(procs, checkpoint, step)
+    _checkpoint(cfg, procs, run_dir, step)
     ray.get([w.save_hf.remote(str(run_dir / "final-model")) for w in procs.learners])
     (run_dir / "samples.txt").write_text(ray.get(procs.learners[0].samples_text.remote(t.save_samples)))
     last = [e["success"] for e in evals[-3:]]
@@ -164,7 +194,8 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
             "eval_last3_mean": sum(last) / len(last), "interrupted": stop.requested,
             "actor_restarts": list(procs.restarts),
             "actors": ray.get([a.stats.remote() for a in procs.actors]),
-            "accounting": ray.get(procs.learners[0].accounting.remote())}
+            "accounting": ray.get(procs.learners[0].accounting.remote()),
+            "resumed_from": resumed}
 
 
 def _train_step(cfg, procs: Processes, supervisor: Supervisor, version: int) -> dict[str, float]:
@@ -188,7 +219,14 @@ def _train_step(cfg, procs: Processes, supervisor: Supervisor, version: int) -> 
             raise RuntimeError(f"no full batch in {cfg.train.batch_timeout_s} s: are the actors producing?")
 
 
-def _checkpoint(procs: Processes, path: Path, step: int) -> None:
+def _checkpoint(cfg, procs: Processes, run_dir: Path, step: int) -> Path:
+    """Every learner rank writes its part into the staging folder, with the step and each
+    actor's seed stream; then it is committed (launch/checkpoints.py)."""
     import ray
 
-    ray.get([w.save_checkpoint.remote(str(path), {"step": step}) for w in procs.learners])
+    streams = [{"incarnation": int(s["incarnation"]), "groups_drawn": int(s["groups_drawn"])}
+               for s in ray.get([a.stats.remote() for a in procs.actors])]
+    path = checkpoints.staging(run_dir, step)
+    ray.get([w.save_checkpoint.remote(str(path), {"step": step, "actor_streams": streams})
+             for w in procs.learners])
+    return checkpoints.commit(run_dir, step, cfg.train.keep_checkpoints)

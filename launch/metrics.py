@@ -29,9 +29,10 @@ class RunLogger:
                  use_wandb: bool = True, project: str = "vagen-async", name: str = "") -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.records: list[dict[str, Any]] = []
+        exists = (self.run_dir / "metrics.jsonl").exists()
+        self.records: list[dict[str, Any]] = read_records(self.run_dir) if exists else []  # a resumed run's
         self._file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
-        self._t0 = time.time()
+        self._t0 = time.time() - (self.records[-1]["time_s"] if self.records else 0.0)
         self._wandb = None
         if use_wandb and wandb_mode != "disabled":
             import wandb

@@ -46,7 +46,8 @@ def main(cfg: DictConfig) -> float:
     from launch.loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    summary = train(cfg, HydraConfig.get().runtime.output_dir)
+    # train.resume=<run dir>: the run continues in its own directory, not Hydra's new one
+    summary = train(cfg, cfg.train.resume or HydraConfig.get().runtime.output_dir)
     return float(summary.get("eval_last3_mean", 0.0))  # the objective a sweeper would maximise
 
 

@@ -358,30 +358,55 @@ class Trainer:
 
     def save_checkpoint(self, path: str | Path, extra: dict) -> None:
         """Sharded models and optimizers (torch.distributed.checkpoint) under ``path/dcp``,
-        ``extra`` (step, version, RNG states, ...) in ``path/extra.pt`` by rank 0. Collective."""
+        ``extra`` (step, version, ...) in ``path/extra.pt`` by rank 0, and each rank's RNG
+        states (torch, numpy, python) in ``path/rng-<rank>.pt``. Collective."""
         path = Path(path)
         dcp.save(self._checkpoint_state(), checkpoint_id=str(path / "dcp"))
+        torch.save(_rng_states(), path / f"rng-{self.rank}.pt")
+        fingerprint = self.optimizer_fingerprint()
         if self.rank == 0:
             torch.save(dict(extra, _trainer={"entropy_coef": self.entropy_coef,
                                                "steps_done": self.steps_done,
-                                               "value_stats": self.value_norm.stats if self.value_norm else None}),
+                                               "value_stats": self.value_norm.stats if self.value_norm else None,
+                                               "optimizer_fingerprint": fingerprint}),
                        path / "extra.pt")
         dist.barrier()  # extra.pt exists on return, on every rank
 
     def load_checkpoint(self, path: str | Path) -> dict:
-        """Restore what save_checkpoint wrote; returns its ``extra``. Collective."""
+        """Restore what save_checkpoint wrote; returns its ``extra``, with
+        ``optimizer_fingerprint`` as saved and ``optimizer_fingerprint_loaded`` as restored
+        (equal when the optimizers came back). Collective."""
         path = Path(path)
         state = self._checkpoint_state()
         dcp.load(state, checkpoint_id=str(path / "dcp"))
         for name, model, optim in self._trainables():
             set_state_dict(model, optim, model_state_dict=state[name],
                            optim_state_dict=state[f"{name}_optim"])
-        extra = torch.load(path / "extra.pt", weights_only=False)  # our own file
+        _set_rng_states(torch.load(path / f"rng-{self.rank}.pt", weights_only=False))  # our own file
+        extra = torch.load(path / "extra.pt", weights_only=False)
         own = extra.pop("_trainer")
         self.entropy_coef, self.steps_done = own["entropy_coef"], own["steps_done"]
         if self.value_norm is not None:
             self.value_norm.stats = own.get("value_stats")
-        return extra
+        return {**extra, "optimizer_fingerprint": own["optimizer_fingerprint"],
+                "optimizer_fingerprint_loaded": self.optimizer_fingerprint()}
+
+    def optimizer_fingerprint(self) -> list[float]:
+        """Per optimizer: its step count and the sums of its moment estimates over all ranks'
+        shards (float64): what a restored optimizer must reproduce. Collective."""
+        out = []
+        for _, _, optim in self._trainables():
+            sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+            for state in optim.state.values():
+                for i, key in enumerate(("step", "exp_avg", "exp_avg_sq")):
+                    value = state.get(key)
+                    if isinstance(value, DTensor):
+                        value = value.to_local()
+                    if value is not None:
+                        sums[i] += value.double().sum()
+            dist.all_reduce(sums)
+            out += sums.tolist()
+        return out
 
     def save_hf(self, path: str | Path) -> None:
         """Rank 0 writes the policy as a Hugging Face directory (weights, config, and the
@@ -397,3 +422,21 @@ class Trainer:
                 if f.is_file() and f.name != "config.json" and not f.name.endswith(_WEIGHT_FILES):
                     shutil.copy2(f, out / f.name)
         dist.barrier()
+
+
+def _rng_states() -> dict:
+    import random
+
+    import numpy as np
+
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_states(states: dict) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])

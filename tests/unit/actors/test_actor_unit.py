@@ -163,6 +163,9 @@ def test_groups_share_seeds_and_trajectories_reach_the_learner(tokenizer):
     seeds = [[s for s, _ in draw] for draw in draws]
     assert seeds[0] != seeds[2] and seeds[0] != seeds[3]
     assert [g for _, g in draws[3]] == [2 * GROUP_STRIDE + INCARNATION_STRIDE + k for k in range(5)]
+    # A resumed run's actor continues its incarnation's stream where the checkpoint left it.
+    resumed = _actor(tokenizer, seed=11, actor_id=2, incarnation=0, group_size=1, skip_groups=2)
+    assert [resumed._next_group_member() for _ in range(3)] == draws[0][2:5]
 
 
 def test_env_failures_lose_episodes_not_the_actor(tokenizer):

@@ -301,12 +301,17 @@ def test_checkpoint_round_trip_continues_identically(model_path, hf_model, tmp_p
     saved = _weights(trainer)
     rng = torch.get_rng_state()
     trainer.save_checkpoint(tmp_path / "ckpt", {"step": 1, "rng": rng})
+    draws = torch.rand(3), np.random.rand(3)  # the RNG states come back with the checkpoint
     got_coef = trainer.entropy_coef
     want = trainer.train_step(second, version=1)
     want_weights = _weights(trainer)
 
     resumed = Trainer(cfg)
     extra = resumed.load_checkpoint(tmp_path / "ckpt")
+    assert torch.equal(torch.rand(3), draws[0]) and np.array_equal(np.random.rand(3), draws[1])
+    fingerprint = extra.pop("optimizer_fingerprint")
+    assert extra.pop("optimizer_fingerprint_loaded") == fingerprint and fingerprint[0] > 0
+    assert fingerprint != Trainer(cfg).optimizer_fingerprint()  # a fresh optimizer's differs
     assert extra.keys() == {"step", "rng"} and torch.equal(extra["rng"], rng)
     assert extra["step"] == 1 and resumed.entropy_coef == got_coef
     assert all(torch.equal(v, saved[k]) for k, v in _weights(resumed).items())
