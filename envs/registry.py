@@ -74,6 +74,18 @@ class DelayedEnv:
         self.env.close()
 
 
+def check_config(name: str, config: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the env and the problem if ``make(name, **config)`` would fail
+    (an unknown key, a bad value): builds the env once and closes it, so a run's env settings
+    fail when the run is configured, not in its actors."""
+    from envs.worker import make_env  # a registry name or a "module:callable"
+
+    try:
+        make_env((name, dict(config))).close()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"env {name!r}: {e}") from e
+
+
 def load_config(name: str) -> dict[str, Any]:
     """The settings of ``configs/env/<name>.yaml`` as a plain dict."""
     _check_name(name)

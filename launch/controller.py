@@ -16,6 +16,8 @@ Invariants: ``shutdown`` stops only the Ray actors ``start`` created, and shuts 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import os
 import time
@@ -83,9 +85,7 @@ def env_config(cfg) -> dict[str, Any]:
     says (``algorithm.reasoning_reward``, on for VAGEN-Full only). Off, the judge still scores
     the answers' <observation> and <prediction> (``*_score`` metrics, for comparing methods) but
     adds nothing to the reward: its weights are 0 and its repetition penalty is off."""
-    from omegaconf import OmegaConf
-
-    env = OmegaConf.to_container(cfg.env, resolve=True)
+    env = copy.deepcopy(cfg.env)
     judge = env.get("reasoning_reward")
     if judge is not None and not cfg.algorithm.reasoning_reward:
         env["reasoning_reward"] = {**judge, "observation_weight": 0.0, "prediction_weight": 0.0,
@@ -95,10 +95,8 @@ def env_config(cfg) -> dict[str, Any]:
 
 def trainer_config(cfg, model_path: str) -> dict[str, Any]:
     """learner.trainer.TrainerConfig keys from the model, algorithm and learner groups."""
-    a, lr = cfg.algorithm, cfg.learner
-    from omegaconf import OmegaConf
-
-    algo = OmegaConf.to_container(a, resolve=True)
+    lr = cfg.learner
+    algo = dataclasses.asdict(cfg.algorithm)
     del algo["reasoning_reward"]  # an env setting (env_config)
     return {
         "model_path": model_path, "critic_path": cfg.model.critic_path,
@@ -137,7 +135,7 @@ def actor_config(cfg, index: int, model_path: str, stream_address: str) -> dict[
         "concurrency": ac.concurrency, "group_size": ac.group_size,
         "whole_groups": cfg.algorithm.estimator == "grpo",  # GRPO batches take whole groups
         "temperature": ac.temperature, "top_p": ac.top_p, "max_tokens": ac.max_tokens,
-        "max_turns": cfg.env.max_turns, "max_context": ac.max_context,
+        "max_turns": cfg.env["max_turns"], "max_context": ac.max_context,
         "kv_cache_bytes": ac.kv_cache_bytes, "seed": cfg.seed * 1000 + index,
         "learner_address": stream_address, "dtype": cfg.model.dtype,
     }
@@ -151,7 +149,7 @@ def prepare_model(cfg, run_dir: Path) -> str:
 
         base = run_dir / "tiny-model"
         if not (base / "config.json").exists():
-            build_tiny_model(base, seed=cfg.model.build_seed, vision=cfg.model.get("vision", False))
+            build_tiny_model(base, seed=cfg.model.build_seed, vision=cfg.model.vision)
         path = str(base)
     _check_sees_images(cfg, str(path))
     if not cfg.warm_start.enabled:
@@ -173,7 +171,7 @@ def prepare_model(cfg, run_dir: Path) -> str:
 def _check_sees_images(cfg, path: str) -> None:
     """Before any process starts: an env that renders images needs a vision-language model.
     A path this process cannot read (a hub id on a cluster's nodes) is left to the actors."""
-    if cfg.env.get("render", "text") != "image":
+    if cfg.env.get("render") != "image":  # an env's own setting: envs without images have none
         return
     from transformers import AutoConfig
 
@@ -207,19 +205,22 @@ def start(cfg, model_path: str, procs: Processes, log_dir: Path | None = None,
     actor) continue each actor's seed stream where it was."""
     import ray
 
+    from learner.config import TrainerConfig, WorkerConfig
     from learner.worker import LearnerWorker
 
     placement = place(_nodes(), _roles(cfg), bind_cores=cfg.ray.bind_cores)
-    wcfg = {"trainer": trainer_config(cfg, model_path), "max_staleness": cfg.learner.max_staleness,
-            "on_stale": cfg.learner.on_stale, "window_bytes": cfg.transport.window_bytes,
-            "weight_timeout_s": cfg.transport.weight_timeout_s, "threads": cfg.learner.get("threads"),
-            "group_size": cfg.actors.group_size, "partial_groups": cfg.learner.partial_groups}
+    wcfg = WorkerConfig(
+        trainer=TrainerConfig.from_dict(trainer_config(cfg, model_path)),
+        threads=cfg.learner.threads, dist_timeout_s=cfg.learner.dist_timeout_s,
+        max_staleness=cfg.learner.max_staleness, on_stale=cfg.learner.on_stale,
+        group_size=cfg.actors.group_size, partial_groups=cfg.learner.partial_groups,
+        window_bytes=cfg.transport.window_bytes, weight_timeout_s=cfg.transport.weight_timeout_s)
     learner_cls = ray.remote(LearnerWorker)
     for slot in placement.of("learner"):
         procs.learners.append(learner_cls.options(
             num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
-        ).remote(slot.index, cfg.learner.ranks, {**wcfg, "cores": list(slot.cores),
-                                                 "log_file": _log_file(log_dir, f"learner-{slot.index}")}))
+        ).remote(slot.index, cfg.learner.ranks, dataclasses.replace(
+            wcfg, cores=slot.cores, log_file=_log_file(log_dir, f"learner-{slot.index}"))))
     host = placement.learner_address if cfg.ray.address or os.environ.get("RAY_ADDRESS") else "127.0.0.1"
     port = _free_port()
     infos = ray.get([w.setup.remote(

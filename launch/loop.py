@@ -26,6 +26,7 @@ without the records of steps after the checkpoint (they run again).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from launch import checkpoints
+from launch.config import RunConfig
 from launch.controller import Processes, evaluate, init_ray, prepare_model, push_weights, shutdown, start
 from launch.metrics import RunLogger
 from launch.supervisor import Supervisor
@@ -67,10 +69,8 @@ class Stop:
             signal.signal(sig, handler)
 
 
-def train(cfg, run_dir: Path) -> dict[str, Any]:
+def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     """One whole run; returns the summary (also written to ``<run dir>/summary.json``)."""
-    from omegaconf import OmegaConf
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir = _log_dir(cfg, run_dir)
@@ -79,7 +79,7 @@ def train(cfg, run_dir: Path) -> dict[str, Any]:
         dropped = checkpoints.truncate_records(run_dir, resume["step"])
         print(f"resuming {run_dir} from step {resume['step']} (version {resume['version']}); "
               f"{dropped} records of later steps dropped", flush=True)
-    logger = RunLogger(run_dir, OmegaConf.to_container(cfg, resolve=True), wandb_mode=cfg.logger.mode,
+    logger = RunLogger(run_dir, dataclasses.asdict(cfg), wandb_mode=cfg.logger.mode,
                        use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
     started = init_ray(cfg)
     monitor = None

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from launch.config import RunConfig, to_run_config  # registers the schema with Hydra
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 log = logging.getLogger(__name__)
@@ -32,10 +34,10 @@ log = logging.getLogger(__name__)
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return probe(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return probe(to_run_config(cfg), Path(HydraConfig.get().runtime.output_dir))
 
 
-def probe(cfg, out_dir: Path) -> float:
+def probe(cfg: RunConfig, out_dir: Path) -> float:
     """Run ``train.steps`` probe steps; returns the last greedy success."""
     import torch
     import torch.distributed as dist
@@ -61,7 +63,7 @@ def _probe(cfg, out_dir: Path) -> float:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     from actors.vision import VisionTokens
-    from launch.controller import trainer_config
+    from launch.controller import env_config as make_env_config, trainer_config
     from launch.hf_episodes import evaluate_hf, play
     from learner.config import TrainerConfig
     from learner.trainer import Trainer
@@ -72,7 +74,7 @@ def _probe(cfg, out_dir: Path) -> float:
     vision = VisionTokens.from_pretrained(path)  # None for a text-only model
     auto = AutoModelForCausalLM if vision is None else AutoModelForImageTextToText
     sampler = auto.from_pretrained(path).to(device).eval()
-    env_config = OmegaConf.to_container(cfg.env, resolve=True)
+    env_config = make_env_config(cfg)  # the preset's reward terms, as the actors build it
     ac, tr = cfg.actors, cfg.train
     eval_seeds = range(tr.eval_seed_offset, tr.eval_seed_offset + tr.eval_seeds)
     rng = np.random.default_rng(cfg.seed)

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
+
+from launch.config import RunConfig, to_run_config  # registers the schema with Hydra
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -25,20 +27,18 @@ os.environ.setdefault("WANDB_MODE", "offline")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def compose(overrides: Sequence[str] = ()) -> DictConfig:
+def compose(overrides: Sequence[str] = ()) -> RunConfig:
     """configs/train.yaml with ``overrides`` (``["env=sokoban", "train.steps=10"]``) as
-    ``python -m launch.train`` composes it, for scripts, notebooks, benchmarks and tests: hand it
-    and a run directory to ``launch.loop.train``. Sets Hydra's global config, through which the
-    ``${hydra:...}`` values (the run name) resolve."""
+    ``python -m launch.train`` composes it, as a ``RunConfig``, for scripts, notebooks,
+    benchmarks and tests: hand it and a run directory to ``launch.loop.train``. Sets Hydra's
+    global config, through which the ``${hydra:...}`` values (the run name) resolve."""
     from hydra import compose as compose_hydra
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose_hydra("train", overrides=list(overrides), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]  # as the app sees it
-    return cfg
+    return to_run_config(cfg)
 
 
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
@@ -46,8 +46,9 @@ def main(cfg: DictConfig) -> float:
     from launch.loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run = to_run_config(cfg)
     # train.resume=<run dir>: the run continues in its own directory, not Hydra's new one
-    summary = train(cfg, cfg.train.resume or HydraConfig.get().runtime.output_dir)
+    summary = train(run, run.train.resume or HydraConfig.get().runtime.output_dir)
     return float(summary.get("eval_last3_mean", 0.0))  # the objective a sweeper would maximise
 
 

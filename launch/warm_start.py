@@ -40,8 +40,6 @@ EVAL_SEED_OFFSET = 1_000_000
 """The first held-out seed (configs/train.yaml ``train.eval_seed_offset``)."""
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json",
                    "processor_config.json")
-TRAIN_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
-"""The root config; its ``warm_start`` section gives the command line its defaults."""
 
 
 def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
@@ -164,16 +162,17 @@ def _demo_summary(demos: list, seconds: float) -> dict[str, float]:
             "demo/policy_tokens": sum(int(d.loss_mask.sum()) for d in demos)}
 
 
-def config_defaults(path: Path = TRAIN_CONFIG) -> dict[str, Any]:
-    """The ``warm_start`` section of the root config: what ``make train`` warm-starts with."""
-    import yaml
+def config_defaults():
+    """The composed run config's ``warm_start`` group: what ``make train`` warm-starts with."""
+    from launch.train import compose
 
-    with open(path, encoding="utf-8") as f:
-        return (yaml.safe_load(f) or {})["warm_start"]
+    return compose([]).warm_start
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    d = config_defaults()
+    from launch.cli import add_fields
+    from launch.config import WarmStartConfig
+
     p = argparse.ArgumentParser(prog="python -m launch.warm_start",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="Hugging Face model directory to start from")
@@ -184,31 +183,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--render", choices=("text", "image"),
                    help="observations (default: the env config's); image needs a VLM")
     p.add_argument("--image-size", type=int, help="pixels per side of an image observation")
-    p.add_argument("--seeds", type=int, default=d["seeds"], help="demonstration episodes")
+    # The run's warm_start group, same names (--action-noise is warm_start.action_noise).
+    add_fields(p, WarmStartConfig, config_defaults(), skip={"enabled"})
     p.add_argument("--seed-offset", type=int, default=0, help="first demonstration seed")
-    p.add_argument("--noise", type=float, default=d["action_noise"],
-                   help="share of actions replaced by a mistake")
-    p.add_argument("--mistake", choices=MISTAKES, default=d["mistake"],
-                   help="what a noisy action is (actors/demonstrations.py)")
-    p.add_argument("--reasoning", choices=REASONING, default=d["reasoning"],
-                   help="the demonstrated <reasoning>: the goal's relation, or its row and column offsets")
-    p.add_argument("--actions-per-turn", type=int, default=d["actions_per_turn"],
-                   help="actions in each demonstrated turn (default: the env's maximum)")
-    p.add_argument("--steps", type=int, default=d["steps"])
-    p.add_argument("--batch-size", type=int, default=d["batch_size"])
-    p.add_argument("--lr", type=float, default=d["lr"])
-    p.add_argument("--schedule", choices=("constant", "cosine"), default=d["schedule"],
-                   help="learning rate: constant, or warm-up then cosine decay to 0")
-    p.add_argument("--warmup", type=int, default=d["warmup"], help="warm-up steps (cosine)")
-    p.add_argument("--micro-batch-size", type=int, default=d["micro_batch_size"],
-                   help="rows per forward, longest first (0: the whole batch); the same update")
     p.add_argument("--seed", type=int, default=0, help="demonstration noise and batch order")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-seeds", type=int, default=0,
                    help=f"greedy evaluation episodes on seeds from {EVAL_SEED_OFFSET} (0: none)")
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every k steps")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per answer, in evaluation")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.mistake not in MISTAKES or args.reasoning not in REASONING:
+        p.error(f"--mistake must be one of {MISTAKES}, --reasoning one of {REASONING}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -220,7 +207,7 @@ def main(argv: list[str] | None = None) -> Path:
     env_config = load_config(args.env) | {k: v for k, v in overrides.items() if v}
     eval_seeds = range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_seeds)
     out = warm_start(args.model, args.out, env_name=args.env, env_config=env_config,
-                     n_seeds=args.seeds, seed_offset=args.seed_offset, action_noise=args.noise,
+                     n_seeds=args.seeds, seed_offset=args.seed_offset, action_noise=args.action_noise,
                      actions_per_turn=args.actions_per_turn, mistake=args.mistake,
                      reasoning=args.reasoning,
                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,

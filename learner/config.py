@@ -150,6 +150,39 @@ class TrainerConfig:
         return self.loss_args.get("agg", "token-mean")
 
 
+@dataclass
+class WorkerConfig:
+    """One learner rank's process (learner/worker.py): its trainer, where it runs, and rank 0's
+    stream and buffer settings; ``launch/controller.py`` builds it from the run config."""
+
+    trainer: TrainerConfig
+    cores: tuple[int, ...] = ()
+    """CPU cores of the rank's own (the placement's); () for wherever the OS puts it."""
+    threads: int | None = None
+    """torch threads; None: one per bound core, else Ray's (one per CPU it reserved)."""
+    log_file: str | None = None
+    """Where the rank's output goes; None: the console."""
+    dist_timeout_s: float = 1800.0
+    """Timeout of the learner ranks' process group."""
+    max_staleness: int = 1
+    """Rank 0's buffer: versions a trajectory may lag (transport/buffer.py)."""
+    on_stale: str = "drop"
+    """drop | keep."""
+    group_size: int = 1
+    """The actors' GRPO group size (the buffer counts partial groups against it)."""
+    partial_groups: str = "train"
+    """train | drop: a group that lost a member."""
+    window_bytes: int = 8 << 20
+    """Rank 0's stream: bytes in flight per actor."""
+    weight_timeout_s: float = 120.0
+    """A silent peer fails a weight push after this long."""
+
+    def __post_init__(self) -> None:
+        self.cores = tuple(self.cores)
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+
 def _one_of(name: str, value: str, options) -> None:
     if value not in options:
         raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from learner.config import TrainerConfig
+from learner.config import WorkerConfig
 from learner.trainer import Trainer
 from transport import heap
 from transport.buffer import TrajectoryBuffer
@@ -116,15 +116,11 @@ class Inbox:
 
 
 class LearnerWorker:
-    """One learner rank; see the module docstring. ``config`` holds ``trainer`` (TrainerConfig
-    keys), ``cores`` (CPU cores of the rank's own, from the placement), ``threads`` (torch threads
-    of the rank; unset: one per bound core, else Ray's, one per CPU it reserved), ``log_file``
-    (where the rank's output goes; unset: the console) and the rank-0 settings ``max_staleness``, ``on_stale``, ``window_bytes``, ``weight_timeout_s``,
-    ``batch_timeout_s``."""
+    """One learner rank; see the module docstring and learner/config.py's ``WorkerConfig``."""
 
-    def __init__(self, rank: int, world_size: int, config: Mapping[str, Any]) -> None:
+    def __init__(self, rank: int, world_size: int, config: WorkerConfig) -> None:
         self.rank, self.world_size = rank, world_size
-        self.config = dict(config)
+        self.config = config
         self.version = 0
         self.trainer: Trainer | None = None
         self.inbox: Inbox | None = None
@@ -137,32 +133,31 @@ class LearnerWorker:
               device: str = "cpu") -> dict[str, Any]:
         """Join the FSDP group and build the trainer; rank 0 also binds the stream and hosts the
         weight group (its store's port is returned, with the stream's address)."""
-        redirect_output(self.config.get("log_file"))
+        cfg = self.config
+        redirect_output(cfg.log_file)
         backend = "nccl" if device.startswith("cuda") else "gloo"
-        timeout = timedelta(seconds=float(self.config.get("dist_timeout_s", 1800)))
+        timeout = timedelta(seconds=cfg.dist_timeout_s)
         if device.startswith("cuda"):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
                                 rank=self.rank, world_size=self.world_size, timeout=timeout)
         self._objects = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
-        cores = bind_cores(self.config.get("cores") or ())
-        if self.config.get("threads") or cores:
-            torch.set_num_threads(int(self.config.get("threads") or len(cores)))
-        self.trainer = Trainer(TrainerConfig.from_dict(self.config["trainer"]), device=device)
+        cores = bind_cores(cfg.cores)
+        if cfg.threads or cores:
+            torch.set_num_threads(cfg.threads or len(cores))
+        self.trainer = Trainer(cfg.trainer, device=device)
         out: dict[str, Any] = {"rank": self.rank}
         if self.rank == 0:
             self.inbox = Inbox(stream_address or "tcp://127.0.0.1:0",
-                               max_staleness=int(self.config.get("max_staleness", 1)),
-                               on_stale=self.config.get("on_stale", "drop"),
-                               window_bytes=int(self.config.get("window_bytes", 8 << 20)),
-                               group_size=int(self.config.get("group_size", 1)),
-                               partial_groups=self.config.get("partial_groups", "train"))
+                               max_staleness=cfg.max_staleness, on_stale=cfg.on_stale,
+                               window_bytes=cfg.window_bytes, group_size=cfg.group_size,
+                               partial_groups=cfg.partial_groups)
             self.publisher = WeightPublisher(weight_host, weight_port, world_size=weight_world_size,
-                                             timeout_s=float(self.config.get("weight_timeout_s", 120)))
+                                             timeout_s=cfg.weight_timeout_s)
             out.update(stream_address=self.inbox.address, weight_port=self.publisher.port)
         return out
 
-    def train_step(self, batch_size: int, timeout_s: float | None = None) -> dict[str, float]:
+    def train_step(self, batch_size: int, timeout_s: float) -> dict[str, float]:
         """Take ``batch_size`` trajectories (rank 0), share them, train; collective.
 
         Returns {} on every rank when no full batch arrived within the timeout (nothing trained).
@@ -170,8 +165,7 @@ class LearnerWorker:
         t0 = time.perf_counter()
         box: list[Any] = [None]
         if self.rank == 0:
-            wait = float(timeout_s if timeout_s is not None else self.config.get("batch_timeout_s", 600))
-            box[0] = self.inbox.take(batch_size, self.version, wait)
+            box[0] = self.inbox.take(batch_size, self.version, timeout_s)
         if self.world_size > 1:
             dist.broadcast_object_list(box, src=0, group=self._objects)
         trajectories = box[0]

@@ -25,21 +25,21 @@ import torch.distributed as dist
 from tests.benchmarks.report import report
 
 def _batch(cfg, model_dir: Path, n: int):
-    from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
     from actors.demonstrations import make_demonstrations
+    from launch.controller import env_config
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     ws = cfg.warm_start
-    return make_demonstrations(cfg.env_name, OmegaConf.to_container(cfg.env, resolve=True), tok,
+    return make_demonstrations(cfg.env_name, env_config(cfg), tok,
                                range(n), action_noise=ws.action_noise, rng_seed=0,
                                actions_per_turn=ws.actions_per_turn, mistake=ws.mistake,
                                reasoning=ws.reasoning)
 
 
 def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) -> list[dict]:
-    from omegaconf import OmegaConf
+    import dataclasses
 
     from launch.tiny_model import build_tiny_model
     from launch.train import compose
@@ -57,7 +57,7 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) 
             model = build_tiny_model(Path(tmp) / "tiny")
             cfg = compose([f"env.prompt={prompt}"] if prompt else [])
             batch = _batch(cfg, model, 32)
-            algo = OmegaConf.to_container(cfg.algorithm, resolve=True)
+            algo = dataclasses.asdict(cfg.algorithm)
             del algo["reasoning_reward"]  # an env setting
             base = None
             for micro in micro_sizes:

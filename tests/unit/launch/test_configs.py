@@ -14,9 +14,9 @@ from launch.train import CONFIGS, compose
 def test_default_is_the_tiny_async_frozenlake_run():
     cfg = compose([])
     assert cfg.env_name == "frozenlake" and cfg.train.mode == "async"
-    assert cfg.algorithm.estimator == "bi_level_gae" and cfg.env.format == "grounding_worldmodeling"
+    assert cfg.algorithm.estimator == "bi_level_gae" and cfg.env["format"] == "grounding_worldmodeling"
     assert cfg.model.path is None and cfg.warm_start.enabled
-    assert cfg.env.reasoning_reward.judge == "rule"
+    assert cfg.env["reasoning_reward"]["judge"] == "rule"
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml")))
@@ -27,8 +27,8 @@ def test_experiment_presets_carry_vagen_hyper_parameters(name):
     assert cfg.train.batch_size == 128 and cfg.train.batch_size // cfg.learner.num_minibatches == 32
     assert (cfg.actors.temperature, cfg.actors.top_p, cfg.actors.max_tokens) == (0.7, 0.95, 200)
     assert cfg.train.steps == 300 and cfg.train.eval_every == 20
-    assert cfg.algorithm.loss_args.clip_low == 0.2 and cfg.algorithm.value_clip == 0.5
-    assert cfg.env.render == "image" and cfg.env_name in name
+    assert cfg.algorithm.loss_args["clip_low"] == 0.2 and cfg.algorithm.value_clip == 0.5
+    assert cfg.env["render"] == "image" and cfg.env_name in name
 
 
 def test_trainer_config_takes_the_algorithm_and_learner_groups():
@@ -45,7 +45,7 @@ def test_actor_config_keys_are_the_actors():
 
     cfg = compose(["actors.num=3", "env=sokoban"])
     ac = ActorConfig.from_dict(actor_config(cfg, 2, "/m", "tcp://127.0.0.1:1"))
-    assert ac.actor_id == 2 and ac.env_name == "sokoban" and ac.max_turns == cfg.env.max_turns
+    assert ac.actor_id == 2 and ac.env_name == "sokoban" and ac.max_turns == cfg.env["max_turns"]
 
 
 @pytest.mark.parametrize("batch,group,actors,expected", [
@@ -94,3 +94,48 @@ def test_warm_start_config_is_the_warm_start_call_of_the_run():
     assert required <= set(kw) <= set(params)
     assert (kw["env_name"], kw["seed"], kw["steps"], kw["n_seeds"]) == ("frozenlake", 3, 7, 24000)
     assert kw["env_config"]["prompt"] == "none" and kw["env_config"]["size"] == 4
+
+
+@pytest.mark.parametrize("override, named", [
+    ("actors.concurrncy=3", "concurrncy"),           # a misspelt key
+    ("+train.stepz=3", "stepz"),                      # a new key in a typed group
+    ("learner.lr=fast", "lr"),                        # a value of the wrong type
+    ("logger.console=quiet", "logger.console"),       # a value the group's schema rejects
+    ("+env.colour=red", "colour"),                    # an env keyword its factory does not take
+])
+def test_a_bad_key_or_value_fails_at_compose_naming_it(override, named):
+    with pytest.raises(Exception, match=named):
+        compose([override])
+
+
+def test_code_below_the_entry_gets_dataclasses():
+    from launch.config import ActorsConfig, RunConfig
+
+    cfg = compose(["actors.num=2"])
+    assert isinstance(cfg, RunConfig) and isinstance(cfg.actors, ActorsConfig) and cfg.actors.num == 2
+    assert isinstance(cfg.env, dict) and cfg.env["max_turns"] == 3
+
+
+def test_every_group_file_composes_into_the_schema():
+    for group in ("env", "model", "algorithm", "actors", "learner", "logger", "transport"):
+        for path in sorted((CONFIGS / group).glob("*.yaml")):
+            overrides = [f"{group}={path.stem}"]
+            if path.stem == "action_words":
+                overrides.append("warm_start.enabled=false")
+            compose(overrides)
+
+
+def test_the_config_reference_is_up_to_date():
+    from launch.config_reference import main
+
+    assert main(["--check"]) == 0, "run: python -m launch.config_reference"
+
+
+def test_mapping_values_compose_and_reach_the_trainer():
+    from learner.config import TrainerConfig
+
+    cfg = compose(["algorithm.kl_loss={kind: k3, coef: 0.1, tags: [observation]}",
+                   "algorithm.estimator_args.gamma_turn=0.9"])
+    tc = TrainerConfig.from_dict(trainer_config(cfg, "/m"))
+    assert tc.kl_loss == {"kind": "k3", "coef": 0.1, "tags": ["observation"]}
+    assert tc.estimator_args["gamma_turn"] == 0.9 and tc.kl_in_reward == {"kind": "k1", "coef": 0.001}

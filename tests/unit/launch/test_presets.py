@@ -69,7 +69,7 @@ def _episode(cfg, tokenizer):
         return Generation(ids, [-0.5] * len(ids), [0] * len(ids), stopped=True)
 
     result = asyncio.run(run_episode(generate, OneEnv(make("frozenlake", **config)), 0, SEED,
-                                     tokenizer, max_turns=cfg.env.max_turns, max_context=4096))
+                                     tokenizer, max_turns=cfg.env["max_turns"], max_context=4096))
     return result, turns
 
 

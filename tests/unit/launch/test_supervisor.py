@@ -7,12 +7,14 @@ the test wants it. The real operations on real processes are tests/integration/t
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import ray
 import ray.exceptions
-from omegaconf import OmegaConf
 
 from launch import supervisor as sup
+from launch.config import ActorsConfig, LearnerConfig, TrainConfig
 from launch.controller import Processes, PushError
 
 BATCH, GROUP, ACTORS = 8, 4, 2
@@ -41,11 +43,10 @@ def world(monkeypatch):
     """(supervisor, call log, push outcomes to play in order) in async mode after 5 steps."""
     log: list = []
     outcomes: list = []  # each push_weights / reform_weights call pops one: a dict or an exception
-    cfg = OmegaConf.create({
-        "train": {"batch_size": BATCH},
-        "actors": {"num": ACTORS, "group_size": GROUP, "run_ahead": 1, "max_restarts": 3},
-        "learner": {"max_staleness": 2},
-    })
+    cfg = SimpleNamespace(  # the parts of a RunConfig the supervisor reads
+        train=TrainConfig(batch_size=BATCH),
+        actors=ActorsConfig(num=ACTORS, group_size=GROUP, run_ahead=1, max_restarts=3),
+        learner=LearnerConfig(max_staleness=2))
     procs = Processes(actors=[_Actor(log, f"a{i}.0") for i in range(ACTORS)],
                       restarts=[0] * ACTORS)
 

@@ -60,13 +60,20 @@ def test_an_image_env_needs_a_vision_language_model(tmp_path):
 
 
 def test_command_line_defaults_are_the_root_configs_warm_start():
-    """``python -m launch.warm_start`` with no tuning flags warm-starts as ``make train`` does."""
-    from omegaconf import OmegaConf
+    """``python -m launch.warm_start`` with no tuning flags warm-starts as ``make train`` does,
+    and its flags are the run's warm_start keys, same names."""
+    import dataclasses
 
-    config = OmegaConf.load("configs/train.yaml").warm_start
+    from launch.train import compose
+
+    config = compose([]).warm_start
     args = parse_args(["--model", "m", "--out", "o"])
-    assert (args.seeds, args.noise, args.mistake, args.actions_per_turn, args.reasoning) == \
-        (config.seeds, config.action_noise, config.mistake, config.actions_per_turn, config.reasoning)
-    assert (args.steps, args.batch_size, args.lr, args.schedule, args.warmup, args.micro_batch_size) == \
-        (config.steps, config.batch_size, config.lr, config.schedule, config.warmup, config.micro_batch_size)
-    assert config_defaults() == OmegaConf.to_container(config)
+    for f in dataclasses.fields(config):
+        if f.name != "enabled":
+            assert getattr(args, f.name) == getattr(config, f.name), f.name
+    assert config_defaults() == config
+    args = parse_args(["--model", "m", "--out", "o", "--action-noise", "0.3",
+                       "--actions-per-turn", "null", "--seeds", "7"])
+    assert (args.action_noise, args.actions_per_turn, args.seeds) == (0.3, None, 7)
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "m", "--out", "o", "--noise", "0.3"])  # the old name is gone

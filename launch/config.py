@@ -1,0 +1,357 @@
+"""The schema of a training run: one dataclass per config group, ``RunConfig`` for the whole.
+
+Registered with Hydra's ConfigStore as ``run_schema``, the first entry of configs/train.yaml's
+defaults: every group's YAML merges into its typed node, so a misspelt or unknown key, or a
+value of the wrong type, fails when the config is composed (on the command line, in a sweep, in
+``launch.train.compose``), with Hydra's message naming the key. The YAML files keep the values;
+the defaults here are what a key means when a YAML leaves it out.
+
+``python -m launch.train`` turns the composed config into a ``RunConfig`` (``to_run_config``),
+which validates the cross-group rules in ``__post_init__``; code below the entry point receives
+these dataclasses, never a DictConfig. The ``env`` group is the env's keyword arguments (each
+env has its own), checked against the env's factory when the run config is built.
+docs/config-reference.md is generated from this module (``python -m launch.config_reference``).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    """What to train: a Hugging Face path or hub id, or the tiny model built here."""
+
+    path: Optional[str] = None
+    """Hugging Face directory or hub id of the policy; null: build the tiny model (launch/tiny_model.py)
+    under <run dir>/tiny-model."""
+    build_seed: int = 0
+    """Seed of the tiny model's random weights."""
+    vision: bool = False
+    """Build the tiny vision-language model (a Qwen2-VL) instead of the text one (for env.render=image)."""
+    dtype: str = "float32"
+    """The inference engines' dtype (float32 | bfloat16)."""
+    critic_path: Optional[str] = None
+    """Where the critic's backbone starts; null: from the policy's weights."""
+
+    def __post_init__(self) -> None:
+        _one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class AlgorithmConfig:
+    """The method: estimator, reward terms, losses (learner/config.py's TrainerConfig says what each means)."""
+
+    estimator: str = "bi_level_gae"
+    """masked_gae | bi_level_gae | turn_wise_gae | grpo."""
+    estimator_args: Dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the estimator (learner/advantages.py)."""
+    reasoning_reward: bool = True
+    """The env's reasoning reward (env.reasoning_reward): on for VAGEN-Full only. Off, the judge
+    still scores the answers (metrics) but adds nothing to the reward."""
+    multi_turn_reward: bool = True
+    """Turn rewards at each turn's last token (true), or their sum at the episode's last token."""
+    whiten_advantages: bool = True
+    """Whiten advantages over the batch's policy tokens (turn_wise_gae: over its turn ends)."""
+    loss: str = "ppo"
+    """ppo | decoupled_ppo | tis."""
+    loss_args: Dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the policy loss (learner/losses.py)."""
+    value_clip: Optional[float] = 0.5
+    """Clip range of the value loss, in return units; null: no clipping."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (the start when entropy_target is set)."""
+    entropy_target: Optional[float] = None
+    """A mean entropy per policy token to hold by adapting entropy_coef; null: fixed."""
+    # Any, not Optional[Dict]: OmegaConf cannot merge a mapping into a None-valued Optional[Dict]
+    # node ('algorithm.kl_loss={kind: k3, coef: 0.1}' fails). TrainerConfig checks their shape.
+    kl_in_reward: Any = None
+    """{kind: k1, coef: c}: reward -= c * (log pi_behaviour - log pi_ref) on policy tokens."""
+    kl_loss: Any = None
+    """{kind: k1 | k3 | mse, coef: c[, tags: [...]]}: a KL term in the policy loss."""
+
+
+@dataclass
+class ActorsConfig:
+    """The inference actors: how many, their engines, sampling and env workers."""
+
+    num: int = 1
+    """Inference actors, one vLLM engine each."""
+    engines_per_actor: int = 1
+    """Engines per actor (placement only)."""
+    cpus: float = 1.0
+    """Ray CPUs per actor (its engine and env workers included)."""
+    gpus_per_engine: int = 0
+    """GPUs per engine (0: CPU)."""
+    concurrency: int = 16
+    """Episodes in flight per actor (at most its env slots)."""
+    group_size: int = 8
+    """Episodes per seed (GRPO groups)."""
+    run_ahead: int = 1
+    """Batches the actors may start beyond the learner (capped at learner.max_staleness)."""
+    max_restarts: int = 3
+    """A crashed actor is replaced this many times, then the run fails."""
+    temperature: float = 1.0
+    """Sampling temperature (the learner's log-probs use it too)."""
+    top_p: float = 1.0
+    """Nucleus sampling."""
+    max_tokens: int = 200
+    """Tokens per answer (per turn)."""
+    max_context: int = 2048
+    """The engine's max_model_len: an episode ends when its context is full."""
+    kv_cache_bytes: int = 268435456
+    """The engine's KV cache size; always explicit (on CPU vLLM would take most of the RAM)."""
+    env_workers: int = 1
+    """Env worker processes per actor."""
+    envs_per_worker: int = 16
+    """Envs in each worker (env slots = env_workers * envs_per_worker)."""
+    env_address: Optional[str] = None
+    """tcp://host:port of an env service (python -m envs.main) instead of in-process workers."""
+
+    def __post_init__(self) -> None:
+        if min(self.num, self.engines_per_actor, self.concurrency, self.group_size, self.max_tokens,
+               self.env_workers, self.envs_per_worker) < 1 or self.run_ahead < 0 or self.max_restarts < 0:
+            raise ValueError("actors: num, engines_per_actor, concurrency, group_size, max_tokens, "
+                             "env_workers, envs_per_worker must be >= 1; run_ahead, max_restarts >= 0")
+        if self.concurrency > self.env_workers * self.envs_per_worker:
+            raise ValueError(f"actors.concurrency {self.concurrency} exceeds the "
+                             f"{self.env_workers * self.envs_per_worker} env slots")
+
+
+@dataclass
+class LearnerConfig:
+    """The learner ranks and their optimisation."""
+
+    ranks: int = 1
+    """FSDP ranks."""
+    cpus: float = 1.0
+    """Ray CPUs per rank."""
+    threads: Optional[int] = None
+    """torch threads per rank; null: one per core the rank holds (ray.bind_cores), else Ray's."""
+    gpus: int = 0
+    """GPUs per rank."""
+    device: str = "cpu"
+    """cpu (gloo) | cuda (NCCL)."""
+    lr: float = 1e-6
+    """The policy's AdamW learning rate."""
+    lr_schedule: str = "constant"
+    """constant | cosine (the policy's lr to lr_floor * lr at train.steps)."""
+    lr_floor: float = 0.0
+    """Where the cosine ends, a fraction of lr."""
+    critic_lr: float = 1e-5
+    """The critic's learning rate (constant)."""
+    critic_warmup: int = 0
+    """The first k steps train only the critic."""
+    value_norm: bool = False
+    """The critic learns normalised returns (PopArt)."""
+    grad_clip: float = 1.0
+    """Max global grad norm, policy and critic separately; 0: none."""
+    epochs: int = 1
+    """Passes over each batch."""
+    num_minibatches: int = 1
+    """Optimizer steps per epoch."""
+    micro_batch_size: int = 0
+    """Rows per forward on each rank (0: a whole mini-batch)."""
+    param_dtype: str = "float32"
+    """Compute dtype (float32 | bfloat16); weights and optimizer stay float32."""
+    max_staleness: int = 1
+    """Versions a trajectory may lag the learner."""
+    on_stale: str = "drop"
+    """drop | keep (keep: importance ratios down-weight it)."""
+    partial_groups: str = "train"
+    """GRPO: a group that lost a member trains with the members it has (train) or is dropped (drop)."""
+    vtrace: bool = True
+    """Off-policy correction of the advantages (rho and c clipped at 1)."""
+    dist_timeout_s: float = 1800.0
+    """Timeout of the learner ranks' process group (a rank silent this long fails the step)."""
+
+    def __post_init__(self) -> None:
+        _one_of("learner.device", self.device.split(":")[0], ("cpu", "cuda"))
+        _one_of("learner.on_stale", self.on_stale, ("drop", "keep"))
+        _one_of("learner.partial_groups", self.partial_groups, ("train", "drop"))
+        if self.ranks < 1 or self.max_staleness < 0:
+            raise ValueError("learner.ranks must be >= 1 and learner.max_staleness >= 0")
+
+
+@dataclass
+class TransportConfig:
+    """The trajectory stream (ZeroMQ) and the weight broadcast (torch.distributed)."""
+
+    stream_port: int = 0
+    """0: a free port on learner rank 0's node."""
+    window_bytes: int = 8388608
+    """Bytes in flight per actor before it waits for credit."""
+    weight_port: int = 0
+    """The weight group's store port; 0: a free one."""
+    weight_timeout_s: float = 120.0
+    """A silent peer fails a weight push after this long."""
+
+
+@dataclass
+class LoggerConfig:
+    """Where the run's metrics and output go."""
+
+    wandb: bool = True
+    """Log to wandb as well as metrics.jsonl."""
+    mode: str = "offline"
+    """wandb mode: offline | online (needs WANDB_API_KEY) | disabled."""
+    project: str = "vagen-async"
+    """wandb project."""
+    print_every: int = 1
+    """A progress line every k steps."""
+    console: str = "run"
+    """run: the console shows the run's own lines, each process's output goes to <run dir>/logs/
+    | all: everything on the console."""
+
+    def __post_init__(self) -> None:
+        _one_of("logger.console", self.console, ("run", "all"))
+        _one_of("logger.mode", self.mode, ("offline", "online", "disabled"))
+
+
+@dataclass
+class TrainConfig:
+    """The loop: mode, steps, batches, evaluation, checkpoints."""
+
+    mode: str = "async"
+    """async: actors never wait for the learner | sync: generate, train, push."""
+    steps: int = 100
+    """Learner steps (one batch each)."""
+    batch_size: int = 64
+    """Trajectories per learner step."""
+    publish_every: int = 1
+    """Push weights every k learner steps."""
+    batch_timeout_s: float = 600.0
+    """No full batch this long ends the run."""
+    eval_every: int = 20
+    """Greedy evaluation every k steps (0: only before and after)."""
+    eval_seeds: int = 256
+    """Held-out seeds [eval_seed_offset, eval_seed_offset + eval_seeds)."""
+    eval_seed_offset: int = 1000000
+    """The first held-out seed."""
+    checkpoint_every: int = 10
+    """A checkpoint every k steps, and at the end (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """The newest k checkpoints are kept."""
+    resume: Optional[str] = None
+    """A run directory: continue that run from its newest checkpoint."""
+    save_samples: int = 4
+    """Trajectories written as readable text at the end."""
+
+    def __post_init__(self) -> None:
+        _one_of("train.mode", self.mode, ("async", "sync"))
+        if min(self.batch_size, self.publish_every, self.keep_checkpoints) < 1 or self.steps < 0:
+            raise ValueError("train: batch_size, publish_every, keep_checkpoints must be >= 1, steps >= 0")
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised fine-tuning on solver demonstrations before RL (launch/warm_start.py)."""
+
+    enabled: bool = True
+    """Run it (skipped on resume and when <run dir>/warm-start exists)."""
+    seeds: int = 24000
+    """Demonstration seeds [0, seeds), disjoint from the evaluation seeds."""
+    action_noise: float = 0.55
+    """Share of demonstrated actions replaced by a mistake."""
+    mistake: str = "habit"
+    """random | reverse | repeat | habit (actors/demonstrations.py)."""
+    actions_per_turn: Optional[int] = 2
+    """Actions in each demonstrated turn; null: the env's maximum."""
+    reasoning: str = "relation"
+    """The demonstrated <reasoning>: relation | offsets."""
+    steps: int = 1500
+    """SFT steps."""
+    batch_size: int = 16
+    """Demonstrations per step."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    schedule: str = "constant"
+    """constant | cosine."""
+    warmup: int = 0
+    """Linear warm-up steps of the cosine schedule."""
+    micro_batch_size: int = 4
+    """Rows per forward, longest first (0: the whole batch)."""
+
+
+@dataclass
+class RayConfig:
+    """The Ray cluster."""
+
+    address: Optional[str] = None
+    """null: RAY_ADDRESS if set, else a local cluster started by the run."""
+    num_cpus: Optional[float] = None
+    """CPUs of the local cluster; null: all."""
+    bind_cores: bool = True
+    """CPU-only learner ranks and actors get cores of their own (launch/placement.py)."""
+
+
+@dataclass
+class RunConfig:
+    """A whole training run (configs/train.yaml and its groups)."""
+
+    env: Dict[str, Any] = field(default_factory=dict)
+    """The env's keyword arguments (configs/env/<name>.yaml; its factory's signature checks them)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    seed: int = 0
+    """Seeds the warm start, the actors' maps and sampling, and the learner's initialisation."""
+    run_name: str = "run"
+    """Names the run directory and the wandb run."""
+    env_name: str = "frozenlake"
+    """The env group's choice: a registry name (envs/registry.py)."""
+
+    def __post_init__(self) -> None:
+        from envs.registry import check_config
+
+        if not isinstance(self.env.get("max_turns"), int):
+            raise ValueError(f"env.max_turns: the {self.env_name} config must say how many turns an "
+                             "episode has at most (an int)")
+        check_config(self.env_name, self.env)
+
+
+def _one_of(name: str, value: str, options) -> None:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
+
+
+def register() -> None:
+    """Make ``run_schema`` known to Hydra (idempotent)."""
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+
+
+def to_run_config(cfg) -> RunConfig:
+    """The composed DictConfig (Hydra's own key removed) as a validated ``RunConfig``. Keys a
+    ``+key=value`` override added to a typed group (which OmegaConf would drop silently) raise."""
+    from omegaconf import OmegaConf, open_dict
+
+    if "hydra" in cfg:
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            del cfg["hydra"]
+    unknown = _unknown_keys(cfg, RunConfig)
+    if unknown:
+        raise ValueError(f"unknown config keys {unknown} (docs/config-reference.md lists them all)")
+    return OmegaConf.to_object(cfg)
+
+
+def _unknown_keys(node, cls, prefix: str = "") -> list[str]:
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = [prefix + str(k) for k in node if k not in hints]
+    for name, kind in hints.items():
+        if dataclasses.is_dataclass(kind) and name in node:
+            out += _unknown_keys(node[name], kind, f"{prefix}{name}.")
+    return out
+
+
+register()
