@@ -125,6 +125,8 @@ class WeightPublisher(_Member):
                               timeout=timedelta(seconds=timeout_s))
         super().__init__(store, SOURCE, backend, timeout_s)
         self.port: int = store.port
+        self.address = f"tcp://{host}:{self.port}"
+        """Where subscribers find the store (see transport/channels.py's ``weight_sink``)."""
         self.layouts_sent = 0
         self.last_version: int | None = None
         self._layout: Layout | None = None
