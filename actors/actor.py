@@ -1,7 +1,7 @@
 """The inference actor: one vLLM AsyncLLM engine (actors/engine.py builds it) playing many
 multi-turn episodes at once.
 
-launch/controller.py wraps ``InferenceActor`` as an async Ray actor and drives it: ``start``,
+launch/cluster.py wraps ``InferenceActor`` as an async Ray actor and drives it: ``start``,
 ``join_weight_group``, ``run`` in the background (or ``run(num_episodes=n)`` per step in sync
 mode), ``update_weights`` whenever the learner publishes, ``evaluate``, ``stats``, ``close``. No
 Ray here: every method is a plain coroutine, so tests drive the class with ``asyncio`` directly.
@@ -229,7 +229,7 @@ class InferenceActor:
 
     async def set_episode_budget(self, budget: int | None) -> None:
         """Allow at most ``budget`` training episodes started and not failed (None: no limit).
-        The controller raises it as the learner consumes batches, so the actor runs a few
+        The supervisor raises it as the learner consumes batches, so the actor runs a few
         batches ahead of the learner at most: its episodes start close to the weights that will
         train on them, instead of filling the buffer with trajectories the staleness bound drops.
         """

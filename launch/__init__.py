@@ -1,1 +1,1 @@
-"""Launch: entry points, config schema, placement, Ray controller, local mode and dev tools."""
+"""Launch: entry points, config schema, placement, the Ray cluster, builders, checkpoints and dev tools."""

@@ -1,8 +1,9 @@
 """The training loop of one run: warm start, start the processes, train, evaluate, checkpoint.
 
-Called by ``python -m launch.train`` (the Hydra entry) with the composed config and the run
-directory; the processes themselves (placement, start, weight push, evaluation, shutdown) are
-launch/controller.py's.
+Called by ``python -m launch.train`` (the Hydra entry) with the run config and the run directory;
+the processes themselves (placement, start, weight push, evaluation, shutdown) are owned by
+launch/cluster.py's ``RayCluster``, the decisions about them (budgets, restarts) are
+launch/supervisor.py's. No Ray here.
 
 The loop. ``async``: actors play episodes without pause, each within an episode budget that keeps
 them ``actors.run_ahead`` batches ahead of the learner; each learner step takes the next batch
@@ -36,12 +37,13 @@ from typing import Any
 
 from launch import checkpoints
 from launch.config import RunConfig
-from launch.controller import Processes, evaluate, init_ray, prepare_model, push_weights, shutdown, start
+from launch.builders import prepare_model
+from launch.cluster import RayCluster
 from launch.metrics import RunLogger
 from launch.supervisor import Supervisor
 
 WAIT_SLICE_S = 5.0
-"""The learner waits for a batch this long per call; the controller checks the actors between."""
+"""The learner waits for a batch this long per call; the supervisor checks the actors between."""
 
 
 class Stop:
@@ -81,27 +83,25 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
               f"{dropped} records of later steps dropped", flush=True)
     logger = RunLogger(run_dir, dataclasses.asdict(cfg), wandb_mode=cfg.logger.mode,
                        use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
-    started = init_ray(cfg)
+    cluster = RayCluster(cfg)
     monitor = None
-    if started:  # a local cluster: every process of the run is a descendant of this one
+    if cluster.connect():  # a local cluster: every process of the run is a descendant of this one
         from launch.memory import MemoryMonitor
 
         monitor = MemoryMonitor(os.getpid())
-    procs = Processes()
     summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": cfg.train.mode}
     try:
         with Stop() as stop:
             t0 = time.perf_counter()
-            model_path = prepare_model(cfg, run_dir)
+            model_path = prepare_model(cfg, run_dir, cluster.warm_start)
             summary["warm_start_s"] = round(time.perf_counter() - t0, 1)
-            start(cfg, model_path, procs, log_dir=log_dir,
-                  streams=resume["actor_streams"] if resume else None)
-            summary.update(_run(cfg, run_dir, procs, logger, monitor, stop, resume))
+            cluster.start(model_path, log_dir=log_dir, streams=resume["actor_streams"] if resume else None)
+            summary.update(_run(cfg, run_dir, cluster, logger, monitor, stop, resume))
     finally:
         if monitor is not None:
             summary["memory"] = monitor.report()
             monitor.close()
-        shutdown(procs, started)
+        cluster.shutdown()
         logger.plot()
         logger.close()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -132,37 +132,35 @@ def _eval_text(record: dict[str, Any]) -> str:
     return " | ".join([f"success {record['success']:.3f}", *scores])
 
 
-def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop: Stop,
+def _run(cfg: RunConfig, run_dir: Path, cluster: RayCluster, logger: RunLogger, monitor, stop: Stop,
          resume: dict[str, Any] | None) -> dict[str, Any]:
     """From started processes to the final checkpoint; returns the summary's results."""
-    import ray
-
     t = cfg.train
     step = 0
     seeds = list(range(t.eval_seed_offset, t.eval_seed_offset + t.eval_seeds))
     evals = [r for r in logger.records if r["kind"] == "eval"]
     resumed = None
     if resume is not None:
-        loaded = ray.get([w.load_checkpoint.remote(str(resume["path"])) for w in procs.learners])[0]
+        loaded = cluster.load_checkpoint(resume["path"])
         step = int(loaded["step"])
         if loaded["optimizer_fingerprint_loaded"] != loaded["optimizer_fingerprint"]:
             raise RuntimeError(f"{resume['path']}: the optimizers did not come back as saved")
-        push_weights(procs, step)  # the actors' engines start from the model path, not the checkpoint
+        cluster.push_weights(step)  # the actors' engines start from the model path, not the checkpoint
         resumed = {"step": step, "version": int(loaded["version"]),
                    "optimizer_fingerprint": loaded["optimizer_fingerprint_loaded"]}
     if not evals:
-        evals.append(logger.log("eval", step, evaluate(procs, seeds)))
+        evals.append(logger.log("eval", step, cluster.evaluate(seeds)))
         print(f"eval before RL: {_eval_text(evals[-1])} on {len(seeds)} seeds", flush=True)
-    supervisor = Supervisor(cfg, procs)
+    supervisor = Supervisor(cfg, cluster)
     if t.mode == "async":
         supervisor.start_runs(step)
     while step < t.steps and not stop.requested:
         t_step = time.perf_counter()
-        metrics = _train_step(cfg, procs, supervisor, step)
+        metrics = _train_step(cfg, cluster, supervisor, step)
         step += 1
         if step % t.publish_every == 0:
             metrics.update(supervisor.push(step))
-        if procs.runs:
+        if cluster.running:
             supervisor.set_budgets(step, dropped=int(metrics.get("buffer/dropped", 0)))
         wall = time.perf_counter() - t_step
         metrics.update({"timing/step_wall_s": wall, "throughput/trajectories_per_s": t.batch_size / wall,
@@ -176,42 +174,34 @@ def _run(cfg, run_dir: Path, procs: Processes, logger: RunLogger, monitor, stop:
         if step % cfg.logger.print_every == 0:
             logger.progress(record)
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            evals.append(logger.log("eval", step, evaluate(procs, seeds)))
+            evals.append(logger.log("eval", step, cluster.evaluate(seeds)))
             print(f"eval at step {step}: {_eval_text(evals[-1])}", flush=True)
         if t.checkpoint_every and step % t.checkpoint_every == 0:
-            _checkpoint(cfg, procs, run_dir, step)
-    if procs.runs:
-        ray.get([a.stop.remote() for a in procs.actors])
-        ray.get(procs.runs)
+            _checkpoint(cfg, cluster, run_dir, step)
+    cluster.stop_runs()
     if evals[-1]["step"] != step and not stop.requested:  # a stop request leaves quickly
-        evals.append(logger.log("eval", step, evaluate(procs, seeds)))
+        evals.append(logger.log("eval", step, cluster.evaluate(seeds)))
     print(f"eval after RL: {_eval_text(evals[-1])}", flush=True)
-    _checkpoint(cfg, procs, run_dir, step)
-    ray.get([w.save_hf.remote(str(run_dir / "final-model")) for w in procs.learners])
-    (run_dir / "samples.txt").write_text(ray.get(procs.learners[0].samples_text.remote(t.save_samples)))
+    _checkpoint(cfg, cluster, run_dir, step)
+    cluster.save_final(run_dir, t.save_samples)
     last = [e["success"] for e in evals[-3:]]
     return {"steps": step, "eval_before": evals[0]["success"], "eval_after": evals[-1]["success"],
             "eval_last3_mean": sum(last) / len(last), "interrupted": stop.requested,
-            "actor_restarts": list(procs.restarts),
-            "actors": ray.get([a.stats.remote() for a in procs.actors]),
-            "accounting": ray.get(procs.learners[0].accounting.remote()),
-            "resumed_from": resumed}
+            "actor_restarts": list(cluster.incarnations), "actors": cluster.actor_stats(),
+            "accounting": cluster.accounting(), "resumed_from": resumed}
 
 
-def _train_step(cfg, procs: Processes, supervisor: Supervisor, version: int) -> dict[str, float]:
+def _train_step(cfg: RunConfig, cluster: RayCluster, supervisor: Supervisor, version: int) -> dict[str, float]:
     """One learner step (after a sync-mode rollout). The learner waits for its batch in slices
     of WAIT_SLICE_S, between which failed actors are replaced; no batch within
     ``train.batch_timeout_s`` ends the run."""
-    import ray
-
     if cfg.train.mode == "sync":
         supervisor.rollout(version)
     t0 = time.perf_counter()
     while True:
         supervisor.check(version)
         t_slice = time.perf_counter()
-        metrics = ray.get([w.train_step.remote(cfg.train.batch_size, WAIT_SLICE_S)
-                           for w in procs.learners])[0]
+        metrics = cluster.train_step(cfg.train.batch_size, WAIT_SLICE_S)
         if metrics:
             metrics["timing/wait_batch_s"] += t_slice - t0  # the slices before this one
             return metrics
@@ -219,14 +209,11 @@ def _train_step(cfg, procs: Processes, supervisor: Supervisor, version: int) -> 
             raise RuntimeError(f"no full batch in {cfg.train.batch_timeout_s} s: are the actors producing?")
 
 
-def _checkpoint(cfg, procs: Processes, run_dir: Path, step: int) -> Path:
+def _checkpoint(cfg: RunConfig, cluster: RayCluster, run_dir: Path, step: int) -> Path:
     """Every learner rank writes its part into the staging folder, with the step and each
     actor's seed stream; then it is committed (launch/checkpoints.py)."""
-    import ray
-
     streams = [{"incarnation": int(s["incarnation"]), "groups_drawn": int(s["groups_drawn"])}
-               for s in ray.get([a.stats.remote() for a in procs.actors])]
+               for s in cluster.actor_stats()]
     path = checkpoints.staging(run_dir, step)
-    ray.get([w.save_checkpoint.remote(str(path), {"step": step, "actor_streams": streams})
-             for w in procs.learners])
+    cluster.save_checkpoint(path, {"step": step, "actor_streams": streams})
     return checkpoints.commit(run_dir, step, cfg.train.keep_checkpoints)

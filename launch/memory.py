@@ -4,7 +4,7 @@ process and in total; CPU: seconds per process kind, to tell where the cores' ti
 Proportional set size (PSS: shared pages split between the processes that map them), so the
 total counts vLLM's and torch's shared libraries and Ray's shared-memory object store once.
 
-Called by the controller for local clusters: it watches the driver and every process in its
+Called by the training loop for local clusters: it watches the driver and every process in its
 Ray session (raylet, GCS, Ray workers and their children: vLLM engine cores and workers, env
 workers). Reports peaks per process kind and the peak of the total, for the memory budget, and
 each sample's total per kind, for finding what grows in a long run. CPU seconds (user + system)

@@ -1,7 +1,7 @@
 """Placement: which process runs where, with which ranks and ports. A pure function, no Ray.
 
-Called by the Ray controller (which turns each ``Slot`` into a Ray actor pinned to its node) and
-tested on its own. Invariants:
+Called by the Ray cluster (launch/cluster.py: each ``Slot`` becomes a Ray actor pinned to its
+node) and tested on its own. Invariants:
 - no node is given more CPUs or GPUs than it has; an infeasible request raises PlacementError
   saying what was asked for and what exists;
 - learner ranks are packed onto as few nodes as possible (FSDP traffic stays local), rank 0 first;

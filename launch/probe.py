@@ -63,7 +63,7 @@ def _probe(cfg, out_dir: Path) -> float:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     from actors.vision import VisionTokens
-    from launch.controller import env_config as make_env_config, trainer_config
+    from launch.builders import env_config as make_env_config, trainer_config
     from launch.hf_episodes import evaluate_hf, play
     from learner.config import TrainerConfig
     from learner.trainer import Trainer

@@ -1,8 +1,8 @@
 """Keeps a run's actors going: episode budgets, crash detection and restart, weight pushes that
 survive a dead actor, sync-mode rollouts.
 
-Called by launch/loop.py between and during learner steps; the process operations themselves
-(start, restart, weight group, push) are launch/controller.py's.
+Called by launch/loop.py between and during learner steps. Policy only: the processes and every
+operation on them (start, restart, weight group, push) are launch/cluster.py's.
 
 Invariants:
 - a failed actor (its process died, or its ``run`` raised) is replaced by its next incarnation on
@@ -22,106 +22,79 @@ from __future__ import annotations
 import logging
 import time
 
-from launch.controller import Processes, PushError, push_weights, reform_weights, restart_actor
+from launch.cluster import PushError, RayCluster
+from launch.config import RunConfig
 
 log = logging.getLogger(__name__)
 
 
 class Supervisor:
-    def __init__(self, cfg, procs: Processes) -> None:
-        self.cfg, self.procs = cfg, procs
+    def __init__(self, cfg: RunConfig, cluster: RayCluster) -> None:
+        self.cfg, self.cluster = cfg, cluster
         self.budget = 0
         """The last episode budget of an actor that never restarted."""
-        self.offsets = [0] * len(procs.actors)
+        self.offsets = [0] * len(cluster.actors)
         """Per actor: what its budget is lowered by (the budget when it was replaced)."""
 
     @property
     def restarts(self) -> int:
-        return sum(self.procs.restarts)
+        return sum(self.cluster.incarnations)
 
     # --- async mode ---------------------------------------------------------------------------
     def start_runs(self, step: int) -> None:
         """Budgets for ``step`` batches taken, then every actor's background ``run``."""
         self.set_budgets(step, dropped=0)
-        self.procs.runs = [a.run.remote() for a in self.procs.actors]
+        self.cluster.start_runs()
 
     def set_budgets(self, step: int, *, dropped: int) -> None:
-        import ray
-
         self.budget = self._budget(step, dropped)
-        ray.get([a.set_episode_budget.remote(self.budget - off)
-                 for a, off in zip(self.procs.actors, self.offsets)])
+        self.cluster.set_budgets([self.budget - off for off in self.offsets])
 
     def _budget(self, step: int, dropped: int) -> int:
         c = self.cfg
         return episode_budget(step, batch_size=c.train.batch_size, run_ahead=c.actors.run_ahead,
                               max_staleness=c.learner.max_staleness, dropped=dropped,
-                              actors=len(self.procs.actors), group_size=c.actors.group_size)
+                              actors=len(self.cluster.actors), group_size=c.actors.group_size)
 
     def check(self, version: int) -> None:
-        """Replace every actor whose background run ended (runs end only by ``stop``)."""
-        import ray
-
-        runs = self.procs.runs
-        if not runs:
-            return
-        done, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
-        failed = {}
-        for i, ref in enumerate(runs):
-            if ref in done:
-                try:
-                    ray.get(ref)
-                    failed[i] = RuntimeError(f"actor {i}'s run returned without a stop")
-                except Exception as e:  # noqa: BLE001 - the actor's failure, handled by a restart
-                    failed[i] = e
+        """Replace every actor whose background run ended (runs end only by ``stop_runs``)."""
+        failed = self.cluster.ended_runs()
         if failed:
             self._replace(failed, version)
 
     # --- both modes ---------------------------------------------------------------------------
     def push(self, version: int) -> dict[str, float]:
         """``push_weights``; on failure, dead actors replaced and one retry in a new generation."""
-        import ray
-
         try:
-            return push_weights(self.procs, version)
+            return self.cluster.push_weights(version)
         except PushError as e:
             log.warning("%s: re-forming the weight group", e)
-            dead = {i: err for i, err in e.errors.items() if isinstance(err, ray.exceptions.RayActorError)}
-            if dead:
-                return self._replace(dead, version)
-            return {**reform_weights(self.procs, version), "weights/reformed": 1.0}
+            if e.dead_actors:
+                return self._replace(e.dead_actors, version)
+            return {**self.cluster.reform_weights(version), "weights/reformed": 1.0}
 
     def rollout(self, version: int) -> None:
         """Sync mode: whole GRPO groups adding up to a batch, a failed actor replaced and rerun."""
-        import ray
-
-        counts = _episodes_per_actor(self.cfg)
-        refs = [a.run.remote(num_episodes=n) for a, n in zip(self.procs.actors, counts)]
-        for i, ref in enumerate(refs):
-            while True:
-                try:
-                    ray.get(ref)
-                    break
-                except Exception as e:  # noqa: BLE001 - the actor's failure, handled by a restart
-                    self._replace({i: e}, version)
-                    ref = self.procs.actors[i].run.remote(num_episodes=counts[i])
+        todo = dict(enumerate(_episodes_per_actor(self.cfg)))
+        while todo:
+            failed = self.cluster.rollout(todo)
+            if failed:
+                self._replace(failed, version)
+            todo = {i: todo[i] for i in failed}
 
     def _replace(self, failed: dict[int, BaseException], version: int) -> dict[str, float]:
         """Restart the ``failed`` actors, re-form the weight group and push ``version`` to all;
         in async mode give the new actors a fresh budget and start their runs."""
-        import ray
-
         t0 = time.perf_counter()
         for i, error in failed.items():
-            restart_actor(self.procs, i, self.cfg.actors.max_restarts, error)
-        out = reform_weights(self.procs, version)
-        if self.procs.runs:
+            self.cluster.restart_actor(i, error)
+        out = self.cluster.reform_weights(version)
+        if self.cluster.running:
             fresh = self._budget(0, 0)  # what a run starting now would get
             for i in failed:
                 self.offsets[i] = max(0, self.budget - fresh)
-                actor = self.procs.actors[i]
-                ray.get(actor.set_episode_budget.remote(self.budget - self.offsets[i]))
-                self.procs.runs[i] = actor.run.remote()
+            self.cluster.set_budgets([self.budget - off for off in self.offsets])
+            self.cluster.start_runs(sorted(failed))
         log.warning("replaced actors %s in %.1f s", sorted(failed), time.perf_counter() - t0)
         return {**out, "weights/reformed": 1.0, "timing/restart_s": time.perf_counter() - t0}
 
@@ -137,7 +110,7 @@ def episode_budget(step: int, *, batch_size: int, run_ahead: int, max_staleness:
     return -(-total // (actors * group_size)) * group_size
 
 
-def _episodes_per_actor(cfg) -> list[int]:
+def _episodes_per_actor(cfg: RunConfig) -> list[int]:
     """Sync mode: whole GRPO groups per actor adding up to at least the batch size."""
     groups = -(-cfg.train.batch_size // cfg.actors.group_size)
     n = cfg.actors.num

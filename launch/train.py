@@ -2,7 +2,7 @@
 
 Composes configs/train.yaml with the command line (``env=sokoban actors.num=4``, ``--multirun``
 sweeps, ``+experiment=...`` presets), then hands the config and the run directory to the training
-loop (launch/loop.py), whose Ray controller (launch/controller.py) starts a local Ray cluster or attaches to the one in
+loop (launch/loop.py), whose cluster (launch/cluster.py) starts a local Ray cluster or attaches to the one in
 ``RAY_ADDRESS`` (so ``ray job submit -- python -m launch.train ...`` works unchanged).
 """
 

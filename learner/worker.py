@@ -1,6 +1,6 @@
 """One learner rank: the FSDP process group, the trainer, and on rank 0 the stream and the publisher.
 
-The launcher (launch/controller.py) wraps ``LearnerWorker`` as a Ray actor, one per rank, and
+The launcher (launch/cluster.py) wraps ``LearnerWorker`` as a Ray actor, one per rank, and
 drives every rank with the same calls in the same order (``train_step``, ``publish_weights``,
 ``save_checkpoint`` ...): each is collective over the learner's process group. No Ray here.
 

@@ -63,7 +63,7 @@ def run(overrides: list[str], run_dir: Path) -> dict:
 
 def build_warm_start(out: Path, overrides: list[str]) -> Path:
     """The default job's warm start (what `make train` builds before RL) into ``out``."""
-    from launch.controller import warm_start_config
+    from launch.builders import warm_start_config
     from launch.tiny_model import build_tiny_model
     from launch.warm_start import warm_start
 

@@ -28,7 +28,7 @@ def _batch(cfg, model_dir: Path, n: int):
     from transformers import AutoTokenizer
 
     from actors.demonstrations import make_demonstrations
-    from launch.controller import env_config
+    from launch.builders import env_config
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     ws = cfg.warm_start

@@ -1,6 +1,6 @@
 """The whole loop: async vs sync on the same config, async with and without cores of their own
 for the learner and the actor (``ray.bind_cores``), and async throughput with 1, 2, 4 actors
-when env latency dominates. Every run is a real `launch.controller.train` (Ray, vLLM actors, ZeroMQ,
+when env latency dominates. Every run is a real `launch.loop.train` (Ray, vLLM actors, ZeroMQ,
 gloo broadcast, FSDP learner) on the tiny model; ratios are against the sync run / the 1-actor run
 measured in the same invocation.
 

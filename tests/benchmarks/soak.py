@@ -5,7 +5,7 @@
 A real ``launch.loop.train`` (Ray, vLLM actor, env pool, ZeroMQ stream, gloo broadcast,
 FSDP learner) with the default config, except: no warm start (memory does not depend on what the
 weights know), no periodic eval, and steps without end; SIGTERM stops it after ``--minutes``,
-as it would stop a job (checkpoint, then shut down). Memory is the controller's monitor: the
+as it would stop a job (checkpoint, then shut down). Memory is the training loop's monitor: the
 proportional set size summed over every process of the local Ray cluster, once per step.
 
 Growth = median of the last 5 minutes / median of the 5 minutes after warm-up - 1; the target is

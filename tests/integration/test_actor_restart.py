@@ -1,4 +1,4 @@
-"""A crashed actor mid-run (its process killed with SIGKILL): the controller replaces it, re-forms
+"""A crashed actor mid-run (its process killed with SIGKILL): the supervisor replaces it, the cluster re-forms
 the weight group, and the run completes every step on the replacement's trajectories. Also: the
 killed actor's own processes (its vLLM engine, its env workers) do not outlive it."""
 

@@ -1,10 +1,10 @@
-"""configs/: every group composes, the controller maps them onto the components' config keys, and
+"""configs/: every group composes, launch/builders.py maps them onto the components' config keys, and
 the GPU experiment presets carry VAGEN's published hyper-parameters."""
 
 import inspect
 
 import pytest
-from launch.controller import actor_config, prepare_model, trainer_config, warm_start_config
+from launch.builders import actor_config, prepare_model, trainer_config, warm_start_config
 from launch.supervisor import _episodes_per_actor
 from launch.tiny_model import build_tiny_model
 from launch.train import CONFIGS, compose

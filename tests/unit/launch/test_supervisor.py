@@ -1,8 +1,8 @@
 """launch/supervisor.py's decisions when an actor or a weight push fails.
 
-The process operations (launch/controller.py: restart_actor, reform_weights, push_weights) are
-replaced by recorders and Ray's get/wait by identities, so each failure is injected exactly where
-the test wants it. The real operations on real processes are tests/integration/test_actor_restart.py.
+The cluster (launch/cluster.py) is replaced by a recorder whose push, reform and run outcomes a
+test plays in order, so each failure is injected exactly where the test wants it. The real
+operations on real processes are tests/integration/test_actor_restart.py's.
 """
 
 from __future__ import annotations
@@ -10,66 +10,81 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import ray
 import ray.exceptions
 
 from launch import supervisor as sup
+from launch.cluster import PushError
 from launch.config import ActorsConfig, LearnerConfig, TrainConfig
-from launch.controller import Processes, PushError
 
 BATCH, GROUP, ACTORS = 8, 4, 2
 
 
-class _Remote:
-    """A fake remote method: records (name, args) and returns ``result``."""
+class FakeCluster:
+    """The RayCluster calls the supervisor makes; ``outcomes`` feeds push_weights and
+    reform_weights (a dict, or an exception to raise), ``ended`` what ended_runs reports."""
 
-    def __init__(self, log: list, name: str, result=None) -> None:
-        self.log, self.name, self.result = log, name, result
+    def __init__(self, log: list, outcomes: list) -> None:
+        self.log, self.outcomes = log, outcomes
+        self.actors = [f"a{i}.0" for i in range(ACTORS)]
+        self.incarnations = [0] * ACTORS
+        self.runs: list = []
+        self.ended: dict = {}
 
-    def remote(self, *args):
-        self.log.append((self.name, args))
-        return self.result
-
-
-class _Actor:
-    def __init__(self, log: list, name: str) -> None:
-        self.name = name
-        self.set_episode_budget = _Remote(log, f"{name}.budget")
-        self.run = _Remote(log, f"{name}.run", result=f"{name}.run-ref")
-
-
-@pytest.fixture
-def world(monkeypatch):
-    """(supervisor, call log, push outcomes to play in order) in async mode after 5 steps."""
-    log: list = []
-    outcomes: list = []  # each push_weights / reform_weights call pops one: a dict or an exception
-    cfg = SimpleNamespace(  # the parts of a RunConfig the supervisor reads
-        train=TrainConfig(batch_size=BATCH),
-        actors=ActorsConfig(num=ACTORS, group_size=GROUP, run_ahead=1, max_restarts=3),
-        learner=LearnerConfig(max_staleness=2))
-    procs = Processes(actors=[_Actor(log, f"a{i}.0") for i in range(ACTORS)],
-                      restarts=[0] * ACTORS)
-
-    def play(name, version):
-        log.append((name, version))
-        result = outcomes.pop(0)
+    def _play(self, name, version):
+        self.log.append((name, version))
+        result = self.outcomes.pop(0)
         if isinstance(result, Exception):
             raise result
         return result
 
-    def restart(p, index, max_restarts, error):
-        log.append(("restart", index, type(error).__name__))
-        p.restarts[index] += 1
-        p.actors[index] = _Actor(log, f"a{index}.{p.restarts[index]}")
+    def push_weights(self, version):
+        return self._play("push", version)
 
-    monkeypatch.setattr(sup, "push_weights", lambda p, v: play("push", v))
-    monkeypatch.setattr(sup, "reform_weights", lambda p, v: play("reform", v))
-    monkeypatch.setattr(sup, "restart_actor", restart)
-    monkeypatch.setattr(ray, "get", lambda refs: refs)
-    s = sup.Supervisor(cfg, procs)
+    def reform_weights(self, version):
+        return self._play("reform", version)
+
+    def restart_actor(self, index, error):
+        self.log.append(("restart", index, type(error).__name__))
+        self.incarnations[index] += 1
+        self.actors[index] = f"a{index}.{self.incarnations[index]}"
+
+    def set_budgets(self, budgets):
+        self.log.append(("budgets", tuple(budgets)))
+
+    def start_runs(self, indices=None):
+        if not self.runs:
+            self.runs = [None] * ACTORS
+        for i in range(ACTORS) if indices is None else indices:
+            self.runs[i] = f"{self.actors[i]}.run"
+            self.log.append(("run", self.actors[i]))
+
+    @property
+    def running(self):
+        return bool(self.runs)
+
+    def ended_runs(self):
+        return self.ended
+
+    def rollout(self, counts):
+        self.log.append(("rollout", dict(counts)))
+        failed, self.ended = self.ended, {}
+        return failed
+
+
+@pytest.fixture
+def world():
+    """(supervisor, call log, outcomes to play in order, cluster) in async mode after 5 steps."""
+    log: list = []
+    outcomes: list = []
+    cfg = SimpleNamespace(  # the parts of a RunConfig the supervisor reads
+        train=TrainConfig(batch_size=BATCH),
+        actors=ActorsConfig(num=ACTORS, group_size=GROUP, run_ahead=1, max_restarts=3),
+        learner=LearnerConfig(max_staleness=2))
+    cluster = FakeCluster(log, outcomes)
+    s = sup.Supervisor(cfg, cluster)
     s.start_runs(step=5)
     log.clear()
-    return s, log, outcomes
+    return s, log, outcomes, cluster
 
 
 def _budget(step: int) -> int:
@@ -78,29 +93,29 @@ def _budget(step: int) -> int:
 
 
 def test_a_push_that_succeeds_touches_nothing_else(world):
-    s, log, outcomes = world
+    s, log, outcomes, _ = world
     outcomes.append({"weights/push_s": 0.1})
     assert s.push(6) == {"weights/push_s": 0.1}
     assert log == [("push", 6)]
 
 
 def test_a_push_failed_by_a_dead_actor_replaces_it_and_pushes_to_all_again(world):
-    s, log, outcomes = world
+    s, log, outcomes, cluster = world
     outcomes += [PushError(6, {1: ray.exceptions.RayActorError()}, []), {"weights/push_s": 0.2}]
     out = s.push(6)
     assert out["weights/reformed"] == 1.0 and out["weights/push_s"] == 0.2
     # Only actor 1 is restarted; the group is re-formed once, with the same version.
     assert log[:3] == [("push", 6), ("restart", 1, "RayActorError"), ("reform", 6)]
     # The replacement's budget is a fresh run's (it does not make up for its predecessor's
-    # episodes) and its run starts; actor 0 keeps its run.
-    assert log[3:] == [("a1.1.budget", (_budget(0),)), ("a1.1.run", ())]
+    # episodes) and its run starts; actor 0 keeps its budget and its run.
+    assert log[3:] == [("budgets", (_budget(5), _budget(0))), ("run", "a1.1")]
     assert s.offsets == [0, _budget(5) - _budget(0)]
-    assert s.procs.runs == ["a0.0.run-ref", "a1.1.run-ref"]
+    assert cluster.runs == ["a0.0.run", "a1.1.run"]
     assert s.restarts == 1
 
 
 def test_a_push_failed_without_a_death_reforms_the_group_and_restarts_no_one(world):
-    s, log, outcomes = world
+    s, log, outcomes, _ = world
     outcomes += [PushError(6, {0: TimeoutError("gloo timeout")}, []), {"weights/push_s": 0.3}]
     out = s.push(6)
     assert out == {"weights/push_s": 0.3, "weights/reformed": 1.0}
@@ -109,7 +124,7 @@ def test_a_push_failed_without_a_death_reforms_the_group_and_restarts_no_one(wor
 
 
 def test_a_second_failure_in_the_new_generation_ends_the_run(world):
-    s, log, outcomes = world
+    s, log, outcomes, _ = world
     second = PushError(6, {}, [RuntimeError("learner broadcast failed")])
     outcomes += [PushError(6, {0: TimeoutError("gloo timeout")}, []), second]
     with pytest.raises(PushError) as info:
@@ -118,19 +133,22 @@ def test_a_second_failure_in_the_new_generation_ends_the_run(world):
     assert log == [("push", 6), ("reform", 6)]
 
 
-def test_check_replaces_exactly_the_actors_whose_run_ended(world, monkeypatch):
-    s, log, outcomes = world
-    ended = s.procs.runs[0]
-    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: ([ended], refs[1:]))
-
-    def get(ref):
-        if ref == ended:
-            raise RuntimeError("env pool lost")
-        return ref
-
-    monkeypatch.setattr(ray, "get", get)
+def test_check_replaces_exactly_the_actors_whose_run_ended(world):
+    s, log, outcomes, cluster = world
+    cluster.ended = {0: RuntimeError("env pool lost")}
     outcomes.append({"weights/push_s": 0.1})
     s.check(version=6)
     assert log[:2] == [("restart", 0, "RuntimeError"), ("reform", 6)]
-    assert s.procs.runs == ["a0.1.run-ref", "a1.0.run-ref"]
+    assert cluster.runs == ["a0.1.run", "a1.0.run"]
     assert s.restarts == 1
+
+
+def test_sync_rollout_reruns_only_the_actor_that_failed(world):
+    s, log, outcomes, cluster = world
+    cluster.runs = []  # sync mode: no background runs
+    cluster.ended = {1: RuntimeError("engine dead")}  # the first rollout loses actor 1
+    outcomes.append({"weights/push_s": 0.1})
+    s.rollout(version=3)
+    per_actor = BATCH // ACTORS
+    assert log == [("rollout", {0: per_actor, 1: per_actor}), ("restart", 1, "RuntimeError"),
+                   ("reform", 3), ("rollout", {1: per_actor})]

@@ -1,0 +1,395 @@
+"""The run's processes, owned in one place: every Ray call of a training run is in this module.
+
+Called by launch/loop.py (the run) and launch/supervisor.py (when to restart, what budgets).
+``RayCluster`` places (launch/placement.py) and starts, as Ray actors:
+- the learner ranks (``learner.worker.LearnerWorker``): FSDP2 over gloo/NCCL; rank 0 binds the
+  trajectory stream and hosts the weight group;
+- the inference actors (``actors.actor.InferenceActor``, async Ray actors): a vLLM engine each,
+  whose worker joins the weight group, and an env pool (or a remote env service).
+
+It holds their handles, the actors' background runs and incarnations, and the weight group,
+and offers what the loop and the supervisor do with them: train a step, push weights (every
+actor's ``update_weights`` with the learners' ``publish_weights``), evaluate, checkpoint,
+restart an actor, shut down.
+
+Invariants: ``shutdown`` stops only the processes this cluster started, also when ``start``
+failed half-way, and shuts Ray down only if ``connect`` started it; the warm start runs in a Ray
+task whose worker exits after it; a restarted actor is the next incarnation on the same
+placement slot, and it joins the weight group only through ``reform_weights``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launch.builders import actor_config, warm_start_config, worker_config
+from launch.config import RunConfig
+from launch.placement import Node, Roles, place
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class WeightGroup:
+    """The weight broadcast group: its store on learner rank 0's node, its size (the learner,
+    rank 0, and every engine worker), and how long a silent peer is waited for."""
+
+    host: str
+    port: int
+    world_size: int
+    timeout_s: float
+
+
+class PushError(RuntimeError):
+    """A weight push failed: ``errors`` by actor index, and the learners' errors."""
+
+    def __init__(self, version: int, errors: dict[int, Exception], learner_errors: list[Exception]):
+        super().__init__(f"push of version {version} failed: actors {sorted(errors)}, "
+                         f"learner {[str(e) for e in learner_errors]}")
+        self.errors, self.learner_errors = errors, learner_errors
+
+    @property
+    def dead_actors(self) -> dict[int, Exception]:
+        """The actors whose process is gone (to be replaced, not just re-joined)."""
+        import ray.exceptions
+
+        return {i: e for i, e in self.errors.items() if isinstance(e, ray.exceptions.RayActorError)}
+
+
+class RayCluster:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.learners: list = []
+        self.actors: list = []
+        self.incarnations: list[int] = []
+        """Per actor: times it was restarted (this run's, a resumed run's included)."""
+        self._runs: list = []
+        self._slots: list = []
+        self._actor_configs: list[dict[str, Any]] = []
+        self._weights: WeightGroup | None = None
+        self._started_ray = False
+
+    # --- the cluster ---------------------------------------------------------------------------
+    def connect(self) -> bool:
+        """Attach to ``ray.address`` / RAY_ADDRESS, else start a local cluster. True if started."""
+        import ray
+
+        env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+                    "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+                    "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        address = self.cfg.ray.address or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
+            return False
+        needed = self._roles()
+        cpus = self.cfg.ray.num_cpus or max(os.cpu_count() or 1, needed.learner_ranks * needed.learner_cpus
+                                            + needed.actors * needed.actor_cpus)
+        ray.init(num_cpus=cpus, include_dashboard=False, runtime_env={"env_vars": env_vars},
+                 _node_ip_address="127.0.0.1", log_to_driver=True)
+        self._started_ray = True
+        return True
+
+    def warm_start(self, model_path: str, out: Path) -> str:
+        """SFT on demonstrations (launch/warm_start.py) in a Ray task that takes a whole node on
+        CPU (nothing else runs yet); its worker exits after it and gives its memory back."""
+        import ray
+
+        cfg = self.cfg
+        cpus = cfg.learner.cpus if cfg.learner.gpus else max(
+            n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"])
+        task = ray.remote(num_cpus=cpus, num_gpus=cfg.learner.gpus, max_calls=1)(_warm_start_task)
+        return str(ray.get(task.remote(max(1, int(cpus)), model_path, str(out), **warm_start_config(cfg))))
+
+    def start(self, model_path: str, log_dir: Path | None = None,
+              streams: list[dict[str, int]] | None = None) -> None:
+        """Place and start the learner ranks and the actors (handles kept as they are created,
+        so ``shutdown`` stops them also when starting fails half-way); the actors join the
+        weight group. With ``log_dir`` each process's output (an actor's vLLM engine included)
+        goes to ``log_dir/learner-<rank>.log`` / ``actor-<index>.log``. ``streams`` (a resumed
+        run's: ``incarnation`` and ``groups_drawn`` per actor) continue each actor's seeds."""
+        import ray
+
+        from learner.worker import LearnerWorker
+
+        cfg = self.cfg
+        placement = place(_nodes(), self._roles(), bind_cores=cfg.ray.bind_cores)
+        wcfg = worker_config(cfg, model_path)
+        learner_cls = ray.remote(LearnerWorker)
+        for slot in placement.of("learner"):
+            self.learners.append(learner_cls.options(
+                num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
+            ).remote(slot.index, cfg.learner.ranks, dataclasses.replace(
+                wcfg, cores=slot.cores, log_file=_log_file(log_dir, f"learner-{slot.index}"))))
+        remote = bool(cfg.ray.address or os.environ.get("RAY_ADDRESS"))
+        host = placement.learner_address if remote else "127.0.0.1"
+        port = _free_port()  # the learner ranks' rendezvous: one port for all
+        infos = ray.get([w.setup.remote(
+            host, port, stream_address=f"tcp://{'*' if host != '127.0.0.1' else host}:{cfg.transport.stream_port}",
+            weight_host=host, weight_port=cfg.transport.weight_port,
+            weight_world_size=placement.weight_world_size, device=cfg.learner.device,
+        ) for w in self.learners])
+        stream = infos[0]["stream_address"].replace("0.0.0.0", host)
+        self._weights = WeightGroup(host, infos[0]["weight_port"], placement.weight_world_size,
+                                    cfg.transport.weight_timeout_s)
+        self._slots = placement.of("actor")
+        self._actor_configs = [{**actor_config(cfg, slot.index, model_path, stream), "cores": slot.cores,
+                                "log_file": _log_file(log_dir, f"actor-{slot.index}")}
+                               for slot in self._slots]
+        self.incarnations = [0] * len(self._slots)
+        for i, stream_at in enumerate((streams or [])[:len(self._slots)]):
+            self.incarnations[i] = stream_at["incarnation"]
+            self._actor_configs[i]["skip_groups"] = stream_at["groups_drawn"]
+        for i in range(len(self._slots)):
+            self.actors.append(self._new_actor(i))
+        ray.get([a.start.remote() for a in self.actors])
+        self._join_weight_group()
+
+    def shutdown(self) -> None:
+        """Stop what was started, in order: actors (engines, env pools, senders), learners, Ray."""
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.get(a.close.remote(), timeout=60)
+            except Exception as e:  # noqa: BLE001 - a dead actor is being cleaned up anyway
+                log.warning("actor close failed: %s", e)
+        for w in self.learners:
+            try:
+                ray.get(w.close.remote(), timeout=60)
+            except Exception as e:  # noqa: BLE001
+                log.warning("learner close failed: %s", e)
+        for h in self.actors + self.learners:
+            ray.kill(h)
+        if self._started_ray:
+            ray.shutdown()
+
+    # --- the learner ---------------------------------------------------------------------------
+    def train_step(self, batch_size: int, timeout_s: float) -> dict[str, float]:
+        """One learner step on every rank; {} when no full batch arrived within the timeout."""
+        import ray
+
+        return ray.get([w.train_step.remote(batch_size, timeout_s) for w in self.learners])[0]
+
+    def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
+        import ray
+
+        ray.get([w.save_checkpoint.remote(str(path), extra) for w in self.learners])
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        import ray
+
+        return ray.get([w.load_checkpoint.remote(str(path)) for w in self.learners])[0]
+
+    def save_final(self, run_dir: Path, samples: int) -> None:
+        """The policy as a Hugging Face directory, and the last batch's samples as text."""
+        import ray
+
+        ray.get([w.save_hf.remote(str(run_dir / "final-model")) for w in self.learners])
+        (run_dir / "samples.txt").write_text(ray.get(self.learners[0].samples_text.remote(samples)))
+
+    def accounting(self) -> dict[str, dict[str, int]]:
+        import ray
+
+        return ray.get(self.learners[0].accounting.remote())
+
+    # --- the actors ----------------------------------------------------------------------------
+    def actor_stats(self) -> list[dict[str, Any]]:
+        import ray
+
+        return ray.get([a.stats.remote() for a in self.actors])
+
+    def set_budgets(self, budgets: list[int]) -> None:
+        """Each actor's episode budget (launch/supervisor.py decides them)."""
+        import ray
+
+        ray.get([a.set_episode_budget.remote(b) for a, b in zip(self.actors, budgets)])
+
+    def start_runs(self, indices: list[int] | None = None) -> None:
+        """Async mode: the actors' background ``run`` (all, or those of ``indices``)."""
+        if not self._runs:
+            self._runs = [None] * len(self.actors)
+        for i in range(len(self.actors)) if indices is None else indices:
+            self._runs[i] = self.actors[i].run.remote()
+
+    @property
+    def running(self) -> bool:
+        """Async mode: the background runs were started (and not stopped)."""
+        return bool(self._runs)
+
+    def ended_runs(self) -> dict[int, BaseException]:
+        """Actors whose background run ended (runs end only by ``stop_runs``): their errors."""
+        import ray
+
+        refs = [r for r in self._runs if r is not None]
+        if not refs:
+            return {}
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        failed: dict[int, BaseException] = {}
+        for i, ref in enumerate(self._runs):
+            if ref is not None and ref in done:
+                try:
+                    ray.get(ref)
+                    failed[i] = RuntimeError(f"actor {i}'s run returned without a stop")
+                except Exception as e:  # noqa: BLE001 - the actor's failure, handled by a restart
+                    failed[i] = e
+        return failed
+
+    def stop_runs(self) -> None:
+        import ray
+
+        if self.running:
+            ray.get([a.stop.remote() for a in self.actors])
+            ray.get([r for r in self._runs if r is not None])
+        self._runs = []
+
+    def rollout(self, counts: dict[int, int]) -> dict[int, BaseException]:
+        """Sync mode: actor i plays ``counts[i]`` episodes, all at once; returns the errors of
+        the actors that failed."""
+        import ray
+
+        refs = {i: self.actors[i].run.remote(num_episodes=n) for i, n in counts.items()}
+        failed: dict[int, BaseException] = {}
+        for i, ref in refs.items():
+            try:
+                ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - the actor's failure, handled by a restart
+                failed[i] = e
+        return failed
+
+    def restart_actor(self, index: int, error: BaseException) -> None:
+        """Replace actor ``index`` (dead, or its run failed) with a started one of the next
+        incarnation; its episodes in flight are lost. Re-raises past ``actors.max_restarts``.
+        The new engine holds the model path's weights: call ``reform_weights`` next."""
+        import ray
+
+        limit = self.cfg.actors.max_restarts
+        if self.incarnations[index] >= limit:
+            raise RuntimeError(f"actor {index} failed after {limit} restarts") from error
+        log.warning("actor %d failed (%s: %s): restarting it", index, type(error).__name__, error)
+        ray.kill(self.actors[index], no_restart=True)
+        self.incarnations[index] += 1
+        self._actor_configs[index]["skip_groups"] = 0  # a new incarnation's stream starts afresh
+        self.actors[index] = self._new_actor(index)
+        if self._runs:
+            self._runs[index] = None
+        ray.get(self.actors[index].start.remote())
+
+    def _new_actor(self, index: int):
+        import ray
+
+        from actors.actor import InferenceActor
+
+        slot = self._slots[index]
+        env_vars = {}
+        # Two CPU engines on one node: one core each. An actor that holds cores of its own
+        # (slot.cores) puts its engine on those instead (actors/actor.py).
+        if len(self._slots) > 1 and not slot.gpus:
+            env_vars["VLLM_CPU_OMP_THREADS_BIND"] = str(slot.index % max(1, os.cpu_count() or 1))
+        return ray.remote(InferenceActor).options(
+            num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
+            runtime_env={"env_vars": env_vars} if env_vars else None,
+        ).remote({**self._actor_configs[index], "incarnation": self.incarnations[index]})
+
+    def evaluate(self, seeds: list[int]) -> dict[str, float]:
+        """Greedy episodes on ``seeds``, split across the actors; means weighted by episodes."""
+        import ray
+
+        n = len(self.actors)
+        parts = ray.get([a.evaluate.remote(seeds[i::n]) for i, a in enumerate(self.actors)])
+        total = sum(p["n"] for p in parts)
+        counted = [p for p in parts if p["n"]] or parts  # an actor with no episode has no scores
+        keys = sorted({k for p in counted for k, v in p.items() if k != "n" and isinstance(v, (int, float))})
+        out = {k: sum(p.get(k, 0.0) * p["n"] for p in parts) / max(total, 1) for k in keys}
+        out["n"] = float(total)
+        return out
+
+    # --- weights -------------------------------------------------------------------------------
+    def push_weights(self, version: int) -> dict[str, float]:
+        """Every actor receives (in flight) the learner's weights of ``version``; returns
+        timings. Raises ``PushError`` (after every call returned) if any side failed."""
+        import ray
+
+        t0 = time.perf_counter()
+        learner_refs = [w.publish_weights.remote() for w in self.learners]
+        actor_refs = [a.update_weights.remote(version) for a in self.actors]
+        results = []
+        for ref in learner_refs + actor_refs:  # wait for all: none is left receiving alone
+            try:
+                results.append(ray.get(ref))
+            except Exception as e:  # noqa: BLE001 - sorted out by the caller from PushError.errors
+                results.append(e)
+        errors = {i: r for i, r in enumerate(results[len(learner_refs):]) if isinstance(r, Exception)}
+        learner_errors = [r for r in results[:len(learner_refs)] if isinstance(r, Exception)]
+        if errors or learner_errors:
+            raise PushError(version, errors, learner_errors)
+        published, updates = results[0], results[len(learner_refs):]
+        out = {**published, "weights/push_s": time.perf_counter() - t0}
+        for key in ("pause_s", "receive_s", "total_s"):
+            vals = [u.get(key, 0.0) for u in updates]
+            if vals:
+                out[f"weights/actor_{key}"] = max(vals)
+        return out
+
+    def reform_weights(self, version: int) -> dict[str, float]:
+        """A new generation of the weight group, every actor in it, and ``version`` pushed to
+        all (the same version again is allowed: a restarted actor needs the current weights)."""
+        import ray
+
+        ray.get([w.reform_weight_group.remote(self._weights.world_size) for w in self.learners])
+        self._join_weight_group()
+        return self.push_weights(version)
+
+    def _join_weight_group(self) -> None:
+        import ray
+
+        g = self._weights
+        ray.get([a.join_weight_group.remote(g.host, g.port, slot.weight_ranks[0], g.world_size, g.timeout_s)
+                 for a, slot in zip(self.actors, self._slots)])
+
+    def _roles(self) -> Roles:
+        cfg = self.cfg
+        return Roles(learner_ranks=cfg.learner.ranks, learner_cpus=cfg.learner.cpus,
+                     learner_gpus=cfg.learner.gpus, actors=cfg.actors.num,
+                     engines_per_actor=cfg.actors.engines_per_actor, actor_cpus=cfg.actors.cpus,
+                     engine_gpus=cfg.actors.gpus_per_engine, env_workers=0)
+
+
+def _warm_start_task(threads: int, *args, **kwargs) -> Path:
+    import torch
+
+    from launch.warm_start import warm_start
+
+    torch.set_num_threads(threads)
+    return warm_start(*args, **kwargs)
+
+
+def _nodes() -> list[Node]:
+    import ray
+
+    return [Node(n["NodeID"], n["NodeManagerAddress"], n["Resources"].get("CPU", 0.0),
+                 int(n["Resources"].get("GPU", 0))) for n in ray.nodes() if n["Alive"]]
+
+
+def _log_file(log_dir: Path | None, name: str) -> str | None:
+    return None if log_dir is None else str(Path(log_dir).resolve() / f"{name}.log")
+
+
+def _on(node_id: str):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
