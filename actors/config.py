@@ -29,6 +29,10 @@ class ActorConfig:
     """Env worker processes of the in-process pool."""
     envs_per_worker: int = 4
     """Env slots = env_workers * envs_per_worker: the most episodes in flight."""
+    step_timeout_s: float = 30.0
+    """A batch of env steps taking longer ends those episodes (envs/pool.py)."""
+    reset_timeout_s: float = 30.0
+    """The same for a batch of resets."""
     env_address: str | None = None
     """tcp://host:port of an env service (python -m envs.main) instead of an in-process pool."""
     env_slot_offset: int = 0

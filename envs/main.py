@@ -1,9 +1,10 @@
 """Entry point of the env service process: an EnvPool served over ZeroMQ (envs/service.py).
 
-    python -m envs.main --bind tcp://127.0.0.1:5555 --env frozenlake --workers 2 \\
+    python -m envs.main --bind tcp://127.0.0.1:5555 --env frozenlake --env-workers 2 \\
         --envs-per-worker 4 [--set key=value ...]
 
-``--env`` is a registry name (envs/registry.py: its configs/env/<name>.yaml gives the defaults)
+The pool's flags are envs/config.py's ``EnvPoolConfig`` fields, the names the run's ``actors``
+group uses (``--env-workers`` is ``actors.env_workers``). ``--env`` is a registry name (envs/registry.py: its configs/env/<name>.yaml gives the defaults)
 or an importable "module:callable"; each ``--set`` overrides one setting, its value read as JSON
 when it parses (numbers, booleans, null, lists), else as a string.
 Prints ``env service on <address>`` once it serves (the real port when binding ``:*``).
@@ -14,19 +15,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import signal
+
+from envs.config import EnvPoolConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m envs.main", description=__doc__.splitlines()[0])
     p.add_argument("--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ address to serve on")
     p.add_argument("--env", required=True, help='registry name, or "module:callable"')
-    p.add_argument("--workers", type=int, default=2, help="worker processes")
-    p.add_argument("--envs-per-worker", type=int, default=4, help="envs in each worker")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="env config")
-    p.add_argument("--step-timeout", type=float, default=30.0, help="seconds per step call")
-    p.add_argument("--reset-timeout", type=float, default=30.0, help="seconds per reset call")
+    for f in dataclasses.fields(EnvPoolConfig):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                       help=f"actors.{f.name} in a run (default: {f.default})")
     return p.parse_args(argv)
 
 
@@ -66,8 +69,10 @@ def main(argv: list[str] | None = None) -> None:
     from envs.registry import resolve_config
 
     config = resolve_config(args.env, parse_sets(args.set))
-    with EnvPool((args.env, config), num_workers=args.workers, envs_per_worker=args.envs_per_worker,
-                 step_timeout_s=args.step_timeout, reset_timeout_s=args.reset_timeout) as pool:
+    pool_cfg = EnvPoolConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EnvPoolConfig)})
+    with EnvPool((args.env, config), num_workers=pool_cfg.env_workers,
+                 envs_per_worker=pool_cfg.envs_per_worker, step_timeout_s=pool_cfg.step_timeout_s,
+                 reset_timeout_s=pool_cfg.reset_timeout_s) as pool:
         asyncio.run(serve(pool, args.bind))
 
 

@@ -18,6 +18,8 @@ from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from envs.config import EnvPoolConfig
+
 
 @dataclass
 class ModelConfig:
@@ -73,8 +75,9 @@ class AlgorithmConfig:
 
 
 @dataclass
-class ActorsConfig:
-    """The inference actors: how many, their engines, sampling and env workers."""
+class ActorsConfig(EnvPoolConfig):
+    """The inference actors: how many, their engines, sampling, and their env worker pools (the
+    pool's keys are envs/config.py's, the names ``python -m envs.main`` takes too)."""
 
     num: int = 1
     """Inference actors, one vLLM engine each."""
@@ -102,14 +105,11 @@ class ActorsConfig:
     """The engine's max_model_len: an episode ends when its context is full."""
     kv_cache_bytes: int = 268435456
     """The engine's KV cache size; always explicit (on CPU vLLM would take most of the RAM)."""
-    env_workers: int = 1
-    """Env worker processes per actor."""
-    envs_per_worker: int = 16
-    """Envs in each worker (env slots = env_workers * envs_per_worker)."""
     env_address: Optional[str] = None
     """tcp://host:port of an env service (python -m envs.main) instead of in-process workers."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if min(self.num, self.engines_per_actor, self.concurrency, self.group_size, self.max_tokens,
                self.env_workers, self.envs_per_worker) < 1 or self.run_ahead < 0 or self.max_restarts < 0:
             raise ValueError("actors: num, engines_per_actor, concurrency, group_size, max_tokens, "

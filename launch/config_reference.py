@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import inspect
 import sys
 import typing
 from pathlib import Path
@@ -22,16 +23,21 @@ OUT = ROOT / "docs" / "config-reference.md"
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass ``cls``, from launch/config.py's source."""
-    tree = ast.parse(Path(config.__file__).read_text(encoding="utf-8"))
-    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
-    docs, body = {}, node.body
-    for stmt, after in zip(body, body[1:] + [None]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            text = ""
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-                text = " ".join(str(after.value.value).split())
-            docs[stmt.target.id] = text
+    """The docstring under each field of dataclass ``cls`` and its dataclass bases, read from
+    their modules' source."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(Path(inspect.getsourcefile(klass)).read_text(encoding="utf-8"))
+        node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == klass.__name__)
+        body = node.body
+        for stmt, after in zip(body, body[1:] + [None]):
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                text = ""
+                if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                    text = " ".join(str(after.value.value).split())
+                docs[stmt.target.id] = text
     return docs
 
 

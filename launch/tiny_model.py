@@ -160,8 +160,10 @@ def count_parameters(model_dir: str | Path) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m launch.tiny_model", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="output directory")
-    parser.add_argument("--vision", action="store_true", help="build a tiny Qwen2-VL instead of Qwen2")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the tokenizer corpus and the weights")
+    # The run's model group, same names: --vision is model.vision, --build-seed model.build_seed.
+    parser.add_argument("--vision", action="store_true", help="model.vision: a tiny Qwen2-VL instead of Qwen2")
+    parser.add_argument("--build-seed", type=int, default=0,
+                        help="model.build_seed: seeds the tokenizer corpus and the weights")
     for name, field in TinySizes.__dataclass_fields__.items():
         flag = f"--{name.replace('_', '-')}"
         if field.type == "bool":
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.add_argument(flag, type=int, default=field.default, dest=name, metavar="N",
                                 help=f"default {field.default}")
     args = vars(parser.parse_args(argv))
-    out, vision, seed = args.pop("out"), args.pop("vision"), args.pop("seed")
+    out, vision, seed = args.pop("out"), args.pop("vision"), args.pop("build_seed")
     path = build_tiny_model(out, vision=vision, seed=seed, **args)
     print(f"wrote {path} ({count_parameters(path):,} parameters)")
 

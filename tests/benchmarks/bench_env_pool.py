@@ -77,7 +77,7 @@ def _as_async(fn):
 def start_service(name: str, config: dict) -> tuple[subprocess.Popen, str]:
     sets = [x for k, v in config.items() for x in ("--set", f"{k}={json.dumps(v)}")]
     cmd = [sys.executable, "-m", "envs.main", "--bind", "tcp://127.0.0.1:*", "--env", name,
-           "--workers", str(WORKERS), "--envs-per-worker", str(ENVS_PER_WORKER), *sets]
+           "--env-workers", str(WORKERS), "--envs-per-worker", str(ENVS_PER_WORKER), *sets]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line.startswith("env service on "):

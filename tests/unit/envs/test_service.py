@@ -220,7 +220,7 @@ def _descendants(pid: int) -> set[int]:
 
 def test_service_process_serves_frozenlake_and_stops_on_sigterm():
     cmd = [sys.executable, "-m", "envs.main", "--bind", "tcp://127.0.0.1:*", "--env", "frozenlake",
-           "--workers", "2", "--envs-per-worker", "1", "--set", "max_turns=2"]
+           "--env-workers", "2", "--envs-per-worker", "1", "--set", "max_turns=2"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert select.select([proc.stdout], [], [], 20)[0], "the service did not start"

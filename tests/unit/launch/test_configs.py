@@ -139,3 +139,23 @@ def test_mapping_values_compose_and_reach_the_trainer():
     tc = TrainerConfig.from_dict(trainer_config(cfg, "/m"))
     assert tc.kl_loss == {"kind": "k3", "coef": 0.1, "tags": ["observation"]}
     assert tc.estimator_args["gamma_turn"] == 0.9 and tc.kl_in_reward == {"kind": "k1", "coef": 0.001}
+
+
+def test_secondary_command_lines_speak_the_runs_names():
+    """``python -m envs.main`` takes the actors group's pool keys (envs/config.py), same names,
+    and the pool's timeouts reach the actors' pools."""
+    import dataclasses
+
+    from actors.config import ActorConfig
+    from envs.config import EnvPoolConfig
+    from envs.main import parse_args
+
+    pool_keys = {f.name for f in dataclasses.fields(EnvPoolConfig)}
+    assert pool_keys <= {f.name for f in dataclasses.fields(type(compose([]).actors))}
+    args = parse_args(["--env", "frozenlake", "--env-workers", "3", "--step-timeout-s", "5"])
+    assert (args.env_workers, args.envs_per_worker, args.step_timeout_s) == (3, 16, 5.0)
+    cfg = compose(["actors.step_timeout_s=7", "actors.reset_timeout_s=9"])
+    ac = ActorConfig.from_dict(actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1"))
+    assert (ac.step_timeout_s, ac.reset_timeout_s) == (7.0, 9.0)
+    with pytest.raises(ValueError, match="step_timeout_s"):
+        compose(["actors.step_timeout_s=0"])

@@ -210,3 +210,19 @@ def test_every_grid_cell_is_its_own_token(tokenizer):
                 pieces = [tokenizer.decode([i]) for i in tokenizer.encode(line + "\n")]
                 assert pieces == [*line, "\n"], (line, pieces)
     assert len(tokenizer.encode(" the player is below the goal")) == 6
+
+
+def test_command_line_takes_the_model_groups_names(tmp_path, capsys):
+    """``--build-seed`` is ``model.build_seed``: the same weights as the run builds."""
+    import torch
+    from safetensors.torch import load_file
+
+    from launch.tiny_model import build_tiny_model, main
+
+    main(["--out", str(tmp_path / "cli"), "--build-seed", "3"])
+    assert "parameters" in capsys.readouterr().out
+    cli = load_file(tmp_path / "cli" / "model.safetensors")
+    run = load_file(build_tiny_model(tmp_path / "run", seed=3) / "model.safetensors")
+    other = load_file(build_tiny_model(tmp_path / "other", seed=4) / "model.safetensors")
+    assert cli.keys() == run.keys() and all(torch.equal(cli[k], run[k]) for k in cli)
+    assert any(not torch.equal(cli[k], other[k]) for k in cli)

@@ -1,0 +1,28 @@
+"""The env worker pool's settings: one dataclass for the run's ``actors`` group (launch/config.py's
+``ActorsConfig`` extends it) and ``python -m envs.main``'s command line, with the same names.
+
+Called by envs/main.py and, through the run config, by the actors (envs/pool.py takes these).
+No ``from __future__ import annotations``: Hydra reads these annotations as types.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EnvPoolConfig:
+    """An env worker pool: its processes, the envs in each, and how long a call may take."""
+
+    env_workers: int = 1
+    """Env worker processes."""
+    envs_per_worker: int = 16
+    """Envs in each worker (env slots = env_workers * envs_per_worker)."""
+    step_timeout_s: float = 30.0
+    """A batch of env steps taking longer ends those episodes (the worker is replaced)."""
+    reset_timeout_s: float = 30.0
+    """The same for a batch of resets."""
+
+    def __post_init__(self) -> None:
+        if min(self.env_workers, self.envs_per_worker) < 1:
+            raise ValueError("env_workers and envs_per_worker must be >= 1")
+        if min(self.step_timeout_s, self.reset_timeout_s) <= 0:
+            raise ValueError("step_timeout_s and reset_timeout_s must be > 0")
