@@ -37,8 +37,9 @@ from typing import Iterable
 
 import torch
 
-from transport.codec import CodecError, decode, encode
-from transport.schema import SchemaError, Trajectory
+from transport.codec import encode
+from transport.schema import Trajectory
+from transport.stream import Rejected, decode_trajectory
 from transport.weights import WeightSyncError
 
 log = logging.getLogger(__name__)
@@ -102,17 +103,12 @@ class InProcessTrajectoryChannel:
             self._changed.notify_all()
 
     def _accept(self, actor: str, payload: bytes) -> tuple[str, Trajectory, int] | None:
-        nbytes = len(payload)
-        if nbytes > self.max_message_bytes:
-            return self._reject("too_large", actor, nbytes, f"{nbytes} bytes from {actor!r}")
         try:
-            trajectory = Trajectory.from_wire(decode(payload, max_bytes=self.max_message_bytes))
-        except CodecError as e:
-            return self._reject("codec", actor, nbytes, str(e))
-        except SchemaError as e:
-            return self._reject("schema", actor, nbytes, str(e))
+            trajectory = decode_trajectory(payload, actor, self.max_message_bytes)
+        except Rejected as r:
+            return self._reject(r.kind, actor, len(payload), r.detail)
         self.received[actor] += 1
-        return actor, trajectory, nbytes
+        return actor, trajectory, len(payload)
 
     def _reject(self, kind: str, actor: str, nbytes: int, detail: str) -> None:
         if not self.rejected[kind]:

@@ -53,6 +53,26 @@ class CurveKeys:
     authorized_dir: Path | None = None
 
 
+class Rejected(Exception):
+    """A payload that is not a valid trajectory: ``kind`` (too_large | codec | schema) counts it."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind, self.detail = kind, detail
+
+
+def decode_trajectory(payload: bytes, actor: str, max_bytes: int) -> Trajectory:
+    """A received payload as a validated Trajectory (every receiver's one path), or ``Rejected``."""
+    if len(payload) > max_bytes:
+        raise Rejected("too_large", f"{len(payload)} bytes from {actor!r}")
+    try:
+        return Trajectory.from_wire(decode(payload, max_bytes=max_bytes))
+    except CodecError as e:
+        raise Rejected("codec", str(e)) from None
+    except SchemaError as e:
+        raise Rejected("schema", str(e)) from None
+
+
 class TrajectorySender:
     """One actor's end: ``send`` blocks while the actor has no credit (backpressure)."""
 
@@ -152,17 +172,12 @@ class TrajectoryReceiver:
         if kind != TRAJ or len(frames) != 2:
             return self._reject("frame", actor, 0, f"unexpected frames from {actor!r}")
         payload = frames[1]
-        nbytes = len(payload)
-        if nbytes > self.max_message_bytes:
-            return self._reject("too_large", actor, nbytes, f"{nbytes} bytes from {actor!r}")
         try:
-            trajectory = Trajectory.from_wire(decode(payload, max_bytes=self.max_message_bytes))
-        except CodecError as e:
-            return self._reject("codec", actor, nbytes, str(e))
-        except SchemaError as e:
-            return self._reject("schema", actor, nbytes, str(e))
+            trajectory = decode_trajectory(payload, actor, self.max_message_bytes)
+        except Rejected as r:
+            return self._reject(r.kind, actor, len(payload), r.detail)
         self.received[actor] += 1
-        return actor, trajectory, nbytes
+        return actor, trajectory, len(payload)
 
     def _reject(self, kind: str, actor: str, nbytes: int, detail: str) -> None:
         if not self.rejected[kind]:

@@ -124,6 +124,25 @@ async def _received(receiver, n: int, timeout_s: float = 5.0) -> list:
     return got
 
 
+def _play_to_a_learner(tokenizer, episodes: int, expect: int, **cfg) -> tuple[dict, list]:
+    """An actor plays ``episodes`` sending to a real receiver; (its stats, ``expect`` received)."""
+    receiver = TrajectoryReceiver("tcp://127.0.0.1:0")
+
+    async def scenario():
+        actor = _actor(tokenizer, learner_address=receiver.address, **cfg)
+        await actor.start()
+        running = asyncio.create_task(actor.run(num_episodes=episodes))
+        trajs = await _received(receiver, expect)
+        stats = await running
+        await actor.close()
+        return stats, trajs
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        receiver.close()
+
+
 def test_config_rejects_unknown_keys_and_bad_values():
     with pytest.raises(ValueError, match="unknown actor config keys"):
         ActorConfig.from_dict({"model_path": "m", "temprature": 1.0})
@@ -135,21 +154,7 @@ def test_config_rejects_unknown_keys_and_bad_values():
 
 
 def test_groups_share_seeds_and_trajectories_reach_the_learner(tokenizer):
-    receiver = TrajectoryReceiver("tcp://127.0.0.1:0")
-
-    async def scenario():
-        actor = _actor(tokenizer, group_size=3, learner_address=receiver.address, seed=11)
-        await actor.start()
-        running = asyncio.create_task(actor.run(num_episodes=6))
-        trajs = await _received(receiver, 6)
-        stats = await running
-        await actor.close()
-        return stats, trajs
-
-    try:
-        stats, trajs = asyncio.run(scenario())
-    finally:
-        receiver.close()
+    stats, trajs = _play_to_a_learner(tokenizer, 6, 6, group_size=3, seed=11)
     assert stats["episodes_done"] == stats["episodes_sent"] == 6 and len(trajs) == 6
     assert sorted({t.group_id for t in trajs}) == [2 * GROUP_STRIDE, 2 * GROUP_STRIDE + 1]
     for g in {t.group_id for t in trajs}:
@@ -199,22 +204,8 @@ class FailSecondEpisode(FakeEnvs):
 
 @pytest.mark.parametrize("whole_groups", [True, False])
 def test_whole_groups_are_sent_together_and_say_how_many(tokenizer, whole_groups):
-    receiver = TrajectoryReceiver("tcp://127.0.0.1:0")
-
-    async def scenario():
-        actor = _actor(tokenizer, envs=FailSecondEpisode(), group_size=3, whole_groups=whole_groups,
-                       learner_address=receiver.address)
-        await actor.start()
-        running = asyncio.create_task(actor.run(num_episodes=6))
-        trajs = await _received(receiver, 5)
-        stats = await running
-        await actor.close()
-        return stats, trajs
-
-    try:
-        stats, trajs = asyncio.run(scenario())
-    finally:
-        receiver.close()
+    stats, trajs = _play_to_a_learner(tokenizer, 6, 5, envs=FailSecondEpisode(), group_size=3,
+                                      whole_groups=whole_groups)
     assert stats["episodes_failed"] == 1 and len(trajs) == stats["episodes_sent"] == 5
     first, second = 2 * GROUP_STRIDE, 2 * GROUP_STRIDE + 1
     if whole_groups:  # the group that lost a member says so; each group arrives in one piece
