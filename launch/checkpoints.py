@@ -53,7 +53,9 @@ def commit(run_dir: str | Path, step: int, keep: int) -> Path:
 def all_steps(run_dir: str | Path) -> list[Path]:
     """Committed checkpoints, oldest first."""
     base = root(run_dir)
-    found = [(int(m.group(1)), p) for p in base.iterdir() if (m := _STEP.match(p.name))] if base.exists() else []
+    if not base.exists():
+        return []
+    found = [(int(m.group(1)), p) for p in base.iterdir() if (m := _STEP.match(p.name))]
     return [p for _, p in sorted(found)]
 
 

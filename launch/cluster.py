@@ -131,7 +131,8 @@ class RayCluster:
         host = placement.learner_address if remote else "127.0.0.1"
         port = _free_port()  # the learner ranks' rendezvous: one port for all
         infos = ray.get([w.setup.remote(
-            host, port, stream_address=f"tcp://{'*' if host != '127.0.0.1' else host}:{cfg.transport.stream_port}",
+            host, port,
+            stream_address=f"tcp://{'*' if host != '127.0.0.1' else host}:{cfg.transport.stream_port}",
             weight_host=host, weight_port=cfg.transport.weight_port,
             weight_world_size=placement.weight_world_size, device=cfg.learner.device,
         ) for w in self.learners])

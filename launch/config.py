@@ -43,7 +43,8 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """The method: estimator, reward terms, losses (learner/config.py's TrainerConfig says what each means)."""
+    """The method: estimator, reward terms, losses (learner/config.py's TrainerConfig says what
+    each means)."""
 
     estimator: str = "bi_level_gae"
     """masked_gae | bi_level_gae | turn_wise_gae | grpo."""

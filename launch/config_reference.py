@@ -86,7 +86,8 @@ def render() -> str:
         choices = sorted(p.stem for p in (ROOT / "configs" / g.name).glob("*.yaml"))
         lines += ["", f"## `{g.name}`", "", " ".join(cls.__doc__.split())]
         if choices:
-            lines += ["", "Choices (`configs/" + g.name + "/`): " + ", ".join(f"`{c}`" for c in choices) + "."]
+            listed = ", ".join(f"`{c}`" for c in choices)
+            lines += ["", f"Choices (`configs/{g.name}/`): {listed}."]
         lines += ["", "| key | type | default | meaning |", "|---|---|---|---|"]
         cls_hints, cls_docs = typing.get_type_hints(cls), field_docs(cls)
         lines += [f"| `{g.name}.{f.name}` | {_cell(_type(cls_hints[f.name]))} | {_default(f)} | "

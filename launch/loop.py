@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from launch import checkpoints
-from launch.config import RunConfig
 from launch.builders import prepare_model
 from launch.cluster import RayCluster
+from launch.config import RunConfig
 from launch.metrics import RunLogger
 from launch.supervisor import Supervisor
 
@@ -108,7 +108,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def _resume_point(cfg, run_dir: Path) -> dict[str, Any] | None:
+def _resume_point(cfg: RunConfig, run_dir: Path) -> dict[str, Any] | None:
     """The newest checkpoint's extra (with its ``path``) when resuming, else None."""
     if not cfg.train.resume:
         return None
@@ -119,10 +119,8 @@ def _resume_point(cfg, run_dir: Path) -> dict[str, Any] | None:
     return {**checkpoints.read_extra(latest), "path": latest}
 
 
-def _log_dir(cfg, run_dir: Path) -> Path | None:
+def _log_dir(cfg: RunConfig, run_dir: Path) -> Path | None:
     """Where the processes' output goes (``logger.console=run``), or None: the console (``all``)."""
-    if cfg.logger.console not in ("run", "all"):
-        raise ValueError(f"logger.console must be run or all, got {cfg.logger.console!r}")
     return run_dir / "logs" if cfg.logger.console == "run" else None
 
 
@@ -191,7 +189,8 @@ def _run(cfg: RunConfig, run_dir: Path, cluster: RayCluster, logger: RunLogger, 
             "accounting": cluster.accounting(), "resumed_from": resumed}
 
 
-def _train_step(cfg: RunConfig, cluster: RayCluster, supervisor: Supervisor, version: int) -> dict[str, float]:
+def _train_step(cfg: RunConfig, cluster: RayCluster, supervisor: Supervisor,
+                version: int) -> dict[str, float]:
     """One learner step (after a sync-mode rollout). The learner waits for its batch in slices
     of WAIT_SLICE_S, between which failed actors are replaced; no batch within
     ``train.batch_timeout_s`` ends the run."""

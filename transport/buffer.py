@@ -59,7 +59,8 @@ class TrajectoryBuffer:
         if on_stale not in STALE_POLICIES:
             raise ValueError(f"on_stale must be one of {STALE_POLICIES}, got {on_stale!r}")
         if partial_groups not in PARTIAL_GROUP_POLICIES:
-            raise ValueError(f"partial_groups must be one of {PARTIAL_GROUP_POLICIES}, got {partial_groups!r}")
+            raise ValueError(f"partial_groups must be one of {PARTIAL_GROUP_POLICIES}, "
+                             f"got {partial_groups!r}")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.max_staleness = max_staleness

@@ -119,7 +119,8 @@ def _crash_then_resume(tmp_path: Path, crash) -> tuple[dict, Path, list]:
 def _check_continued(saved: dict, run_dir: Path, records: list) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     step = saved["step"]
-    assert summary["resumed_from"]["step"] == step and summary["resumed_from"]["version"] == saved["version"] == step
+    resumed = summary["resumed_from"]
+    assert resumed["step"] == step and resumed["version"] == saved["version"] == step
     assert summary["resumed_from"]["optimizer_fingerprint"] == saved["_trainer"]["optimizer_fingerprint"]
     train = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, STEPS + 1))  # each step once
