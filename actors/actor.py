@@ -51,7 +51,7 @@ from envs.service import EnvServiceError, LocalEnvClient, RemoteEnvClient
 from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
-from transport.stream import TrajectorySender
+from transport.channels import TrajectorySink, trajectory_sink
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class InferenceActor:
         self.vision: VisionTokens | None = None  # set with the engine: a VLM's image tokens
         self.version = self.cfg.initial_version
         self._pool: EnvPool | None = None
-        self._sender: TrajectorySender | None = None
+        self._sender: TrajectorySink | None = None
         self._send_thread = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{self.cfg.actor_id}-send")
         self._slots: asyncio.Queue[int] | None = None
         self._room: asyncio.Semaphore | None = None
@@ -141,7 +141,7 @@ class InferenceActor:
                 self.env = RemoteEnvClient(cfg.env_address)
                 await self._check_remote_slots()
             if cfg.learner_address:
-                self._sender = TrajectorySender(cfg.learner_address, cfg.actor_id)
+                self._sender = trajectory_sink(cfg.learner_address, cfg.actor_id)  # tcp:// or inproc://
         except BaseException:
             if pool is not None and self._pool is None:
                 await asyncio.wait([pool])  # let the pool finish starting, so close() stops it

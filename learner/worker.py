@@ -4,7 +4,7 @@ The launcher (launch/cluster.py) wraps ``LearnerWorker`` as a Ray actor, one per
 drives every rank with the same calls in the same order (``train_step``, ``publish_weights``,
 ``save_checkpoint`` ...): each is collective over the learner's process group. No Ray here.
 
-Rank 0 alone owns the I/O (``Inbox``): a thread that polls the ``TrajectoryReceiver`` without
+Rank 0 alone owns the I/O (``Inbox``): a thread that polls the ``TrajectorySource`` without
 pause, so actors never wait on the learner's compute for their credit, and feeds the
 ``TrajectoryBuffer`` (staleness bound). ZeroMQ sockets are not thread-safe, so credit returns
 (the buffer's ``release``) are queued to that thread, never sent from the training thread.
@@ -38,7 +38,7 @@ from transport.buffer import TrajectoryBuffer
 from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
-from transport.stream import TrajectoryReceiver
+from transport.channels import trajectory_source
 from transport.weights import WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Inbox:
 
     def __init__(self, address: str, *, max_staleness: int, on_stale: str = "drop",
                  window_bytes: int = 8 << 20, group_size: int = 1, partial_groups: str = "train") -> None:
-        self.receiver = TrajectoryReceiver(address, window_bytes=window_bytes)
+        self.receiver = trajectory_source(address, window_bytes=window_bytes)  # tcp:// or inproc://
         self.address = self.receiver.address
         self._releases: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self.buffer = TrajectoryBuffer(max_staleness=max_staleness, on_stale=on_stale,

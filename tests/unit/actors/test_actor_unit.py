@@ -1,7 +1,7 @@
 """actors.actor without vLLM: the config, the episode scheduler (groups, seeds, failures, stop),
 the weight-update sequence and its failure path, over a fake engine, in-process FrozenLake envs,
-the tiny tokenizer and a real TrajectoryReceiver on loopback. The real engine is
-tests/integration/test_actor.py's."""
+the tiny tokenizer and a real trajectory source (ZeroMQ on loopback, or the in-process channel).
+The real engine is tests/integration/test_actor.py's."""
 
 import asyncio
 from types import SimpleNamespace
@@ -14,7 +14,7 @@ from actors.config import ActorConfig
 from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
 from launch.tiny_tokenizer import build_tokenizer
-from transport.stream import TrajectoryReceiver
+from transport.channels import trajectory_source
 
 ANSWER = "<think>x</think><answer>Up</answer>"
 
@@ -124,9 +124,11 @@ async def _received(receiver, n: int, timeout_s: float = 5.0) -> list:
     return got
 
 
-def _play_to_a_learner(tokenizer, episodes: int, expect: int, **cfg) -> tuple[dict, list]:
-    """An actor plays ``episodes`` sending to a real receiver; (its stats, ``expect`` received)."""
-    receiver = TrajectoryReceiver("tcp://127.0.0.1:0")
+def _play_to_a_learner(tokenizer, episodes: int, expect: int, address: str = "tcp://127.0.0.1:0",
+                       **cfg) -> tuple[dict, list]:
+    """An actor plays ``episodes`` sending to a real trajectory source at ``address`` (ZeroMQ, or
+    the in-process channel); (its stats, the first ``expect`` received)."""
+    receiver = trajectory_source(address)
 
     async def scenario():
         actor = _actor(tokenizer, learner_address=receiver.address, **cfg)
@@ -153,8 +155,9 @@ def test_config_rejects_unknown_keys_and_bad_values():
     assert ActorConfig.from_dict({"model_path": "m", "train_seeds": [5, 9]}).train_seeds == (5, 9)
 
 
-def test_groups_share_seeds_and_trajectories_reach_the_learner(tokenizer):
-    stats, trajs = _play_to_a_learner(tokenizer, 6, 6, group_size=3, seed=11)
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:0", "inproc://actor-unit-groups"])
+def test_groups_share_seeds_and_trajectories_reach_the_learner(tokenizer, address):
+    stats, trajs = _play_to_a_learner(tokenizer, 6, 6, address, group_size=3, seed=11)
     assert stats["episodes_done"] == stats["episodes_sent"] == 6 and len(trajs) == 6
     assert sorted({t.group_id for t in trajs}) == [2 * GROUP_STRIDE, 2 * GROUP_STRIDE + 1]
     for g in {t.group_id for t in trajs}:
@@ -297,7 +300,7 @@ def test_evaluate_plays_greedy_episodes_without_sending(tokenizer):
 
 
 def test_episode_budget_holds_the_actor_back_until_raised(tokenizer):
-    receiver = TrajectoryReceiver("tcp://127.0.0.1:0")
+    receiver = trajectory_source("tcp://127.0.0.1:0")
 
     async def scenario():
         actor = _actor(tokenizer, group_size=2, learner_address=receiver.address)
