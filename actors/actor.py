@@ -43,6 +43,7 @@ import numpy as np
 
 from actors.config import ActorConfig
 from actors.engine import build_engine, sampling_params
+from actors.groups import GroupHolder
 from actors.episode import EpisodeResult, Generate, Generation, run_episode
 from actors.vision import VisionTokens, vllm_prompt
 from envs.pool import EnvPool
@@ -60,8 +61,9 @@ INCARNATION_STRIDE = 10**6
 """group_id = actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + the incarnation's
 group count: unique across actors and their restarts."""
 COUNTS = ("episodes_started", "episodes_done", "episodes_failed", "episodes_unsent",
-          "groups_partial", "tokens_generated", "weight_updates", "weight_update_failures")
-"""Counters in ``stats()``, next to ``failed/<reason>`` per failure reason and ``episodes_sent``."""
+          "tokens_generated", "weight_updates", "weight_update_failures")
+"""Counters in ``stats()``, next to ``failed/<reason>`` per failure reason, ``episodes_sent``,
+and (whole_groups) ``groups_partial`` and ``episodes_held`` (actors/groups.py)."""
 TIMES = ("engine_start_s", "generate_s", "env_s", "weights_s", "idle_s")
 """Seconds in ``stats()`` as ``time/<name>``: generate_s / env_s summed over training episodes
 (they overlap), weights_s in ``update_weights``, idle_s with no request in the engine."""
@@ -100,8 +102,7 @@ class InferenceActor:
         for _ in range(self.cfg.skip_groups):  # a resumed run: where its checkpoint left the stream
             self._seed_rng.integers(*self.cfg.train_seeds)
         self._groups += self.cfg.skip_groups
-        self._held: dict[int, tuple[int, list[Trajectory]]] = {}
-        """whole_groups: group_id -> (members ended, finished trajectories held)."""
+        self._groups_held = GroupHolder(self.cfg.group_size) if self.cfg.whole_groups else None
         self._episode_ids = itertools.count()
         self._request_ids = itertools.count()
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
@@ -263,31 +264,16 @@ class InferenceActor:
                 self.counts["episodes_done"] += 1
                 self.times["generate_s"] += result.metrics["generate_s"]
                 self.times["env_s"] += result.metrics["env_s"]
-            ready = self._ready(group_id, result.trajectory)
+            if self._groups_held is not None:
+                ready = self._groups_held.ended(group_id, result.trajectory)
+            else:
+                ready = [result.trajectory] if result.trajectory is not None else []
             if self._sender is not None and ready:
                 loop = asyncio.get_running_loop()
                 for trajectory in ready:  # sent even if run is stopped meanwhile
                     await asyncio.shield(loop.run_in_executor(self._send_thread, self._send, trajectory))
         finally:
             self._room.release()
-
-    def _ready(self, group_id: int, trajectory: Trajectory | None) -> list[Trajectory]:
-        """What to send now that an episode of ``group_id`` ended with ``trajectory`` (None:
-        failed): that trajectory, or with ``whole_groups`` the group's finished members once
-        its last member has ended (each stamped with their number)."""
-        if not self.cfg.whole_groups:
-            return [trajectory] if trajectory is not None else []
-        ended, members = self._held.pop(group_id, (0, []))
-        ended += 1
-        members += [trajectory] if trajectory is not None else []
-        if ended < self.cfg.group_size:
-            self._held[group_id] = (ended, members)
-            return []
-        if len(members) < self.cfg.group_size:
-            self.counts["groups_partial"] += 1
-        for t in members:
-            t.group_size = len(members)
-        return members
 
     def _send(self, trajectory: Trajectory) -> None:
         """In the sender thread: wait for credit; once the actor is closing, for 0.5 s at most."""
@@ -411,7 +397,9 @@ class InferenceActor:
                                "incarnation": self.cfg.incarnation,
                                "groups_drawn": self._groups - self.cfg.incarnation * INCARNATION_STRIDE}
         out.update(self.counts)
-        out["episodes_held"] = sum(len(members) for _, members in self._held.values())
+        held = self._groups_held
+        out["groups_partial"] = held.partial if held is not None else 0
+        out["episodes_held"] = held.held if held is not None else 0
         out.update({f"time/{k}": v for k, v in self.times.items()})
         out["time/idle_s"] = idle
         if self._pool is not None and not self._closed:  # a remote service's stats are its own

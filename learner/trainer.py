@@ -50,7 +50,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from learner import advantages, losses
+from learner import advantages, checkpoint, losses
 from learner.batch import Batch, collate, kl_penalty
 from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
 from learner.metrics import StepMetrics, batch_metrics, explained_variance
@@ -362,7 +362,7 @@ class Trainer:
         states (torch, numpy, python) in ``path/rng-<rank>.pt``. Collective."""
         path = Path(path)
         dcp.save(self._checkpoint_state(), checkpoint_id=str(path / "dcp"))
-        torch.save(_rng_states(), path / f"rng-{self.rank}.pt")
+        torch.save(checkpoint.rng_states(), path / f"rng-{self.rank}.pt")
         fingerprint = self.optimizer_fingerprint()
         if self.rank == 0:
             torch.save(dict(extra, _trainer={"entropy_coef": self.entropy_coef,
@@ -382,7 +382,7 @@ class Trainer:
         for name, model, optim in self._trainables():
             set_state_dict(model, optim, model_state_dict=state[name],
                            optim_state_dict=state[f"{name}_optim"])
-        _set_rng_states(torch.load(path / f"rng-{self.rank}.pt", weights_only=False))  # our own file
+        checkpoint.set_rng_states(torch.load(path / f"rng-{self.rank}.pt", weights_only=False))  # our own file
         extra = torch.load(path / "extra.pt", weights_only=False)
         own = extra.pop("_trainer")
         self.entropy_coef, self.steps_done = own["entropy_coef"], own["steps_done"]
@@ -392,21 +392,8 @@ class Trainer:
                 "optimizer_fingerprint_loaded": self.optimizer_fingerprint()}
 
     def optimizer_fingerprint(self) -> list[float]:
-        """Per optimizer: its step count and the sums of its moment estimates over all ranks'
-        shards (float64): what a restored optimizer must reproduce. Collective."""
-        out = []
-        for _, _, optim in self._trainables():
-            sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-            for state in optim.state.values():
-                for i, key in enumerate(("step", "exp_avg", "exp_avg_sq")):
-                    value = state.get(key)
-                    if isinstance(value, DTensor):
-                        value = value.to_local()
-                    if value is not None:
-                        sums[i] += value.double().sum()
-            dist.all_reduce(sums)
-            out += sums.tolist()
-        return out
+        """learner/checkpoint.py's fingerprint of the policy's and critic's optimizers. Collective."""
+        return checkpoint.optimizer_fingerprint((o for _, _, o in self._trainables()), self.device)
 
     def save_hf(self, path: str | Path) -> None:
         """Rank 0 writes the policy as a Hugging Face directory (weights, config, and the
@@ -423,20 +410,3 @@ class Trainer:
                     shutil.copy2(f, out / f.name)
         dist.barrier()
 
-
-def _rng_states() -> dict:
-    import random
-
-    import numpy as np
-
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def _set_rng_states(states: dict) -> None:
-    import random
-
-    import numpy as np
-
-    torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["python"])

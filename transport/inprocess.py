@@ -30,7 +30,6 @@ Versions follow the broadcast's rule (strictly increasing, a repeat allowed firs
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter, deque
 from typing import Iterable
@@ -39,10 +38,8 @@ import torch
 
 from transport.codec import encode
 from transport.schema import Trajectory
-from transport.stream import Rejected, decode_trajectory
+from transport.stream import Rejected, count_rejected, decode_trajectory
 from transport.weights import WeightSyncError
-
-log = logging.getLogger(__name__)
 
 
 class InProcessTrajectoryChannel:
@@ -111,10 +108,7 @@ class InProcessTrajectoryChannel:
         return actor, trajectory, len(payload)
 
     def _reject(self, kind: str, actor: str, nbytes: int, detail: str) -> None:
-        if not self.rejected[kind]:
-            log.warning("dropping malformed %s message (logged once per kind): %s", kind, detail)
-        self.rejected[kind] += 1
-        self.rejected[f"{kind}/{actor}"] += 1
+        count_rejected(self.rejected, kind, actor, detail)
         self.release(actor, nbytes)  # a malformed message must not starve its sender
         return None
 

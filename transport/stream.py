@@ -73,6 +73,14 @@ def decode_trajectory(payload: bytes, actor: str, max_bytes: int) -> Trajectory:
         raise Rejected("schema", str(e)) from None
 
 
+def count_rejected(rejected: Counter, kind: str, actor: str, detail: str) -> None:
+    """Count a dropped message by kind and by ``kind/actor``; log the first of each kind."""
+    if not rejected[kind]:
+        log.warning("dropping malformed %s message (logged once per kind): %s", kind, detail)
+    rejected[kind] += 1
+    rejected[f"{kind}/{actor}"] += 1
+
+
 class TrajectorySender:
     """One actor's end: ``send`` blocks while the actor has no credit (backpressure)."""
 
@@ -180,10 +188,7 @@ class TrajectoryReceiver:
         return actor, trajectory, len(payload)
 
     def _reject(self, kind: str, actor: str, nbytes: int, detail: str) -> None:
-        if not self.rejected[kind]:
-            log.warning("dropping malformed %s message (logged once per kind): %s", kind, detail)
-        self.rejected[kind] += 1
-        self.rejected[f"{kind}/{actor}"] += 1
+        count_rejected(self.rejected, kind, actor, detail)
         if nbytes:
             self._grant(actor, nbytes)  # a malformed message must not starve its sender
         return None

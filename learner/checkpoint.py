@@ -1,0 +1,46 @@
+"""What a learner checkpoint carries besides the models and optimizers: the process's RNG states
+and a fingerprint of the optimizers, so a resumed run can check they came back as saved.
+
+Called by learner/trainer.py's ``save_checkpoint`` / ``load_checkpoint``. ``optimizer_fingerprint``
+is collective over the default process group (every rank calls it); the RNG states are per
+process.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+
+def rng_states() -> dict:
+    """This process's torch, numpy and python RNG states."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+
+
+def optimizer_fingerprint(optimizers: Iterable[torch.optim.Optimizer], device) -> list[float]:
+    """Per optimizer: its step count and the sums of its moment estimates over all ranks'
+    shards (float64): what a restored optimizer must reproduce. Collective."""
+    out = []
+    for optim in optimizers:
+        sums = torch.zeros(3, dtype=torch.float64, device=device)
+        for state in optim.state.values():
+            for i, key in enumerate(("step", "exp_avg", "exp_avg_sq")):
+                value = state.get(key)
+                if isinstance(value, DTensor):
+                    value = value.to_local()
+                if value is not None:
+                    sums[i] += value.double().sum()
+        dist.all_reduce(sums)
+        out += sums.tolist()
+    return out
