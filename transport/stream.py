@@ -12,7 +12,12 @@ instead of growing memory anywhere. The ROUTER also tells which actor sent what,
 sent == received + dropped accounting.
 
 Frames: actor -> learner ``[b"HELLO"]`` (asks for a window; also after a restart) and
-``[b"TRAJ", payload]``; learner -> actor ``[b"CREDIT", 8-byte little-endian count]``. Payloads
+``[b"TRAJ", payload]``; learner -> actor ``[b"WINDOW", count]`` (the answer to a HELLO) and
+``[b"CREDIT", count]`` (released bytes), counts as 8-byte little-endian integers. Until its window
+arrives an actor repeats its HELLO every ``HELLO_INTERVAL_S`` (a HELLO sent before the connection,
+or its CURVE handshake, is up is dropped, not queued); it takes the first WINDOW and drops the
+answers to its repeats, so repeating never widens the window. No send blocks past its timeout,
+even with no learner connected. Payloads
 are transport/codec.py msgpack (no pickle: a received message can never execute code) of a
 transport/schema.py Trajectory. Anything else is counted by kind, logged once per kind, dropped.
 Binds loopback by default; optional CurveZMQ (keys from files, see ``CurveKeys``) keeps
@@ -35,7 +40,8 @@ from transport.schema import SchemaError, Trajectory
 
 log = logging.getLogger(__name__)
 
-HELLO, TRAJ, CREDIT = b"HELLO", b"TRAJ", b"CREDIT"
+HELLO, TRAJ, WINDOW, CREDIT = b"HELLO", b"TRAJ", b"WINDOW", b"CREDIT"
+HELLO_INTERVAL_S = 1.0
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5557"
 
 
@@ -90,12 +96,14 @@ class TrajectorySender:
         self.sent = 0
         self.sent_bytes = 0
         self._credit = 0
+        self._has_window = False
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IDENTITY, f"actor-{actor_id}".encode())
         if curve is not None:
             _curve_client(self._socket, curve)
         self._socket.connect(address)
-        self._socket.send_multipart([HELLO])
+        self._hello_at = time.monotonic()
+        self._say_hello()
 
     def send(self, trajectory: Trajectory, *, timeout_s: float | None = None) -> None:
         """Send one trajectory; waits for credit (raises TimeoutError after ``timeout_s``)."""
@@ -103,19 +111,40 @@ class TrajectorySender:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._credit <= 0:
             self._take_credit(deadline)
-        self._socket.send_multipart([TRAJ, payload])
+        if not self._socket.poll(_wait_ms(deadline), zmq.POLLOUT):
+            raise TimeoutError(f"actor {self.actor_id}: the connection to the learner is gone")
+        self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK)
         self._credit -= len(payload)
         self.sent += 1
         self.sent_bytes += len(payload)
 
+    def _say_hello(self) -> None:
+        try:
+            self._socket.send_multipart([HELLO], flags=zmq.NOBLOCK)
+        except zmq.Again:  # no connection up yet: the next HELLO goes after HELLO_INTERVAL_S
+            pass
+
     def _take_credit(self, deadline: float | None) -> None:
-        wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+        wait_ms = _wait_ms(deadline)
+        if not self._has_window:  # wake up in time to repeat the HELLO
+            next_hello_ms = max(0, int((self._hello_at + HELLO_INTERVAL_S - time.monotonic()) * 1000))
+            wait_ms = next_hello_ms if wait_ms < 0 else min(wait_ms, next_hello_ms)
         if not self._socket.poll(wait_ms, zmq.POLLIN):
-            raise TimeoutError(f"actor {self.actor_id}: no credit from the learner in time")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"actor {self.actor_id}: no credit from the learner in time")
+            if not self._has_window and time.monotonic() >= self._hello_at + HELLO_INTERVAL_S:
+                self._hello_at = time.monotonic()
+                self._say_hello()
+            return
         while self._socket.poll(0, zmq.POLLIN):
             frames = self._socket.recv_multipart()
-            if len(frames) == 2 and frames[0] == CREDIT and len(frames[1]) == 8:
-                self._credit += int.from_bytes(frames[1], "little", signed=True)
+            if len(frames) != 2 or len(frames[1]) != 8 or frames[0] not in (WINDOW, CREDIT):
+                continue
+            if frames[0] == WINDOW:
+                if self._has_window:
+                    continue  # the answer to a repeated HELLO
+                self._has_window = True
+            self._credit += int.from_bytes(frames[1], "little", signed=True)
 
     def close(self, *, flush_s: float = 10.0) -> None:
         """Close, giving queued trajectories up to ``flush_s`` to reach the learner."""
@@ -175,7 +204,7 @@ class TrajectoryReceiver:
     def _handle(self, actor: str, frames: list) -> tuple[str, Trajectory, int] | None:
         kind = frames[0] if frames else b""
         if kind == HELLO and len(frames) == 1:
-            self._grant(actor, self.window_bytes)
+            self._grant(actor, self.window_bytes, WINDOW)
             return None
         if kind != TRAJ or len(frames) != 2:
             return self._reject("frame", actor, 0, f"unexpected frames from {actor!r}")
@@ -193,12 +222,17 @@ class TrajectoryReceiver:
             self._grant(actor, nbytes)  # a malformed message must not starve its sender
         return None
 
-    def _grant(self, actor: str, nbytes: int) -> None:
+    def _grant(self, actor: str, nbytes: int, kind: bytes = CREDIT) -> None:
         try:
-            self._socket.send_multipart([actor.encode(), CREDIT, nbytes.to_bytes(8, "little", signed=True)],
+            self._socket.send_multipart([actor.encode(), kind, nbytes.to_bytes(8, "little", signed=True)],
                                         flags=zmq.NOBLOCK)
         except zmq.ZMQError as e:  # the actor is gone; it asks again with HELLO when it is back
             log.debug("credit to %s not delivered: %s", actor, e)
+
+
+def _wait_ms(deadline: float | None) -> int:
+    """Milliseconds until ``deadline`` for ``zmq.Socket.poll`` (-1: no deadline, wait for good)."""
+    return -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
 
 
 def _curve_client(socket: zmq.Socket, keys: CurveKeys) -> None:

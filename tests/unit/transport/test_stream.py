@@ -101,6 +101,32 @@ def test_sender_blocks_when_the_learner_does_not_release():
         rx.close()
 
 
+def test_a_sender_started_before_the_learner_gets_one_window_once_it_is_up():
+    one = len(encode(make_trajectory(length=256).to_wire()))
+    probe = TrajectoryReceiver("tcp://127.0.0.1:0")
+    address = probe.address  # a free port, nobody listening once the probe is closed
+    probe.close()
+    tx = TrajectorySender(address, actor_id=0)
+    sent = threading.Thread(target=lambda: [
+        tx.send(make_trajectory(episode_id=e, length=256), timeout_s=30) for e in range(4)],
+        daemon=True)
+    sent.start()
+    time.sleep(2.5)  # the sender repeats its HELLO meanwhile: each queued, each answered later
+    rx = TrajectoryReceiver(address, window_bytes=3 * one)
+    try:
+        held = _drain(rx, 3, timeout_s=30)
+        held += _settle(rx, 1.5)
+        # Three HELLOs or more reached the learner, but only the first window counts: the
+        # fourth trajectory waits for released bytes.
+        assert [t.episode_id for _, t, _ in held] == [0, 1, 2] and tx.sent == 3
+        rx.release("actor-0", one)
+        assert [t.episode_id for _, t, _ in _drain(rx, 1, timeout_s=30)] == [3]
+    finally:
+        sent.join(5)
+        tx.close(flush_s=0)
+        rx.close()
+
+
 def test_bytes_in_flight_stay_within_the_window_under_a_slow_learner():
     window = 200_000
     rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=window)
@@ -179,15 +205,28 @@ def test_curve_keeps_strangers_out(tmp_path):
     rx = TrajectoryReceiver("tcp://127.0.0.1:0", curve=CurveKeys(keys["server"][1], authorized_dir=allowed))
     ok = TrajectorySender(rx.address, 0, curve=CurveKeys(keys["actor"][1], server_public_file=keys["server"][0]))
     bad = TrajectorySender(rx.address, 1, curve=CurveKeys(keys["stranger"][1], server_public_file=keys["server"][0]))
-    _settle(rx, 1.0)
+    # The receiver answers in a thread of its own, so the CURVE handshakes may take as long as a
+    # loaded machine needs: no fixed settling window.
+    got, stop = [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            got.extend(rx.poll(0.02))
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
     try:
-        ok.send(make_trajectory(0, 0), timeout_s=5)
-        got = _drain(rx, 1)
+        ok.send(make_trajectory(0, 0), timeout_s=60)
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert [t.actor_id for _, t, _ in got] == [0]
         with pytest.raises(TimeoutError):  # never gets a window: the handshake is refused
-            bad.send(make_trajectory(1, 0), timeout_s=1.0)
+            bad.send(make_trajectory(1, 0), timeout_s=2.0)
         assert rx.received["actor-1"] == 0
     finally:
+        stop.set()
+        server.join(timeout=5)
         ok.close()
         bad.close()
         rx.close()
