@@ -1,7 +1,8 @@
-"""The inference actor: one vLLM AsyncLLM engine (actors/engine.py builds it) playing many
-multi-turn episodes at once.
+"""The inference actor: one vLLM engine (actors/engine.py builds it: an AsyncLLM, or its in-process
+stand-in) playing many multi-turn episodes at once.
 
-launch/cluster.py wraps ``InferenceActor`` as an async Ray actor and drives it: ``start``,
+launch/cluster.py wraps ``InferenceActor`` as an async Ray actor and drives it (launch/local.py
+runs it on an event loop thread of the learner's process): ``start``,
 ``join_weight_group``, ``run`` in the background (or ``run(num_episodes=n)`` per step in sync
 mode), ``update_weights`` whenever the learner publishes, ``evaluate``, ``stats``, ``close``. No
 Ray here: every method is a plain coroutine, so tests drive the class with ``asyncio`` directly.
@@ -332,11 +333,12 @@ class InferenceActor:
             self._idle_since = now
 
     # --- weights ------------------------------------------------------------------------------
-    async def join_weight_group(self, host: str, port: int, rank: int, world_size: int,
+    async def join_weight_group(self, address: str, rank: int, world_size: int,
                                 timeout_s: float = 60.0) -> None:
-        """Connect the engine's worker to the learner's weight group (again after a failure)."""
+        """Connect the engine's worker to the learner's weight channel at ``address`` (again
+        after a failure): see actors/vllm_extension.py."""
         self._require_started()
-        await self.engine.collective_rpc("join_weight_group", args=(host, port, rank, world_size, timeout_s))
+        await self.engine.collective_rpc("join_weight_group", args=(address, rank, world_size, timeout_s))
 
     async def update_weights(self, version: int) -> dict[str, float]:
         """Receive the learner's publish of ``version`` in flight; returns timings in seconds.

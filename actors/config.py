@@ -52,6 +52,9 @@ class ActorConfig:
     max_turns: int = 3
     max_context: int = 2048
     """The engine's max_model_len: an episode ends when its context would not fit."""
+    engine: str = "async"
+    """"async": vLLM's AsyncLLM, its engine core in a child process; "in_process": the engine in
+    this process (actors/local_engine.py), for the single-process topology."""
     kv_cache_bytes: int = 256 << 20
     """Always explicit: on CPU vLLM would otherwise reserve most of the host's memory."""
     seed: int = 0
@@ -89,6 +92,8 @@ class ActorConfig:
             raise ValueError(f"concurrency {self.concurrency} exceeds the {slots} env slots")
         if self.temperature <= 0 or not 0 < self.top_p <= 1:
             raise ValueError("training needs temperature > 0 and top_p in (0, 1]")
+        if self.engine not in ("async", "in_process"):
+            raise ValueError(f"engine must be 'async' or 'in_process', got {self.engine!r}")
         if self.env_slot_offset and not self.env_address:
             raise ValueError("env_slot_offset is for a shared env service (env_address)")
         if self.incarnation < 0 or self.skip_groups < 0:

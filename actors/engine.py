@@ -17,16 +17,25 @@ EXTENSION = "actors.vllm_extension.WeightSyncExtension"
 
 
 def build_engine(cfg: ActorConfig, vision: bool):
-    """An AsyncLLM for ``cfg``'s model (``vision``: it takes up to max_turns images a prompt)."""
+    """The engine for ``cfg``'s model (``vision``: it takes up to max_turns images a prompt):
+    an AsyncLLM (its core in a child process), or with ``cfg.engine == "in_process"`` an
+    actors/local_engine.py ``InProcessEngine`` (everything in this process)."""
     from vllm import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     images = engine_image_args(cfg.max_turns) if vision else {}
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(
+    args = AsyncEngineArgs(
         model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
         kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,
         max_num_seqs=cfg.num_slots, logprobs_mode="processed_logprobs",
-        worker_extension_cls=EXTENSION, disable_log_stats=True, **images))
+        worker_extension_cls=EXTENSION, disable_log_stats=True, **images)
+    if cfg.engine == "in_process":
+        from actors.local_engine import InProcessEngine
+
+        args.distributed_executor_backend = "uni"
+        return InProcessEngine(args)
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(args)
 
 
 def sampling_params(**kwargs):

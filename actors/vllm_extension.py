@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from transport import heap
-from transport.weights import WeightSubscriber
+from transport.channels import WeightSink, weight_sink
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
@@ -35,16 +35,19 @@ class RotaryCacheFilter(logging.Filter):
 
 
 class WeightSyncExtension:
-    _weight_subscriber: WeightSubscriber | None = None
+    _weight_subscriber: WeightSink | None = None
 
-    def join_weight_group(self, host: str, port: int, rank: int, world_size: int,
+    def join_weight_group(self, address: str, rank: int, world_size: int,
                           timeout_s: float = 60.0) -> None:
-        """Connect this worker to the learner's weight group (also after a restart)."""
+        """Connect this worker to the learner's weight channel at ``address`` (also after a
+        restart): ``tcp://host:port``, the broadcast group's store; ``inproc://name``, the
+        in-process channel of an engine in the learner's process (transport/channels.py)."""
         reload_log = logging.getLogger(RELOAD_LOGGER)
         if not any(isinstance(f, RotaryCacheFilter) for f in reload_log.filters):
             reload_log.addFilter(RotaryCacheFilter())
         self.leave_weight_group()
-        self._weight_subscriber = WeightSubscriber(host, port, rank, world_size, timeout_s=timeout_s)
+        self._weight_subscriber = weight_sink(address, rank=rank, world_size=world_size,
+                                              timeout_s=timeout_s)
 
     def receive_weights(self) -> int:
         """Block until the next broadcast, load it into the model; returns its version."""

@@ -1,7 +1,7 @@
 """From the run config to each component's arguments, and the model a run starts from.
 
-Called by launch/cluster.py (the processes' configs), launch/loop.py (the model), the probe and
-the benchmarks. Pure mapping, no processes: each builder takes the ``RunConfig`` (launch/config.py)
+Called by launch/cluster.py and launch/local.py (the components' configs), launch/loop.py (the
+model) and the benchmarks. Pure mapping, no processes: each builder takes the ``RunConfig`` (launch/config.py)
 and returns what one component takes (``TrainerConfig`` keys, ``ActorConfig`` keys, the warm
 start's arguments, a learner rank's ``WorkerConfig``, the env's keyword arguments).
 """

@@ -31,6 +31,7 @@ from typing import Any
 from launch.builders import actor_config, warm_start_config, worker_config
 from launch.config import RunConfig
 from launch.placement import Node, Roles, place
+from launch.topology import PushError, push_timings, weighted_means
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
@@ -38,29 +39,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class WeightGroup:
-    """The weight broadcast group: its store on learner rank 0's node, its size (the learner,
-    rank 0, and every engine worker), and how long a silent peer is waited for."""
+    """The weight channel: its address (the broadcast group's store on learner rank 0's node,
+    or an in-process channel), its size (the learner, rank 0, and every engine worker), and how
+    long a silent peer is waited for."""
 
-    host: str
-    port: int
+    address: str
     world_size: int
     timeout_s: float
-
-
-class PushError(RuntimeError):
-    """A weight push failed: ``errors`` by actor index, and the learners' errors."""
-
-    def __init__(self, version: int, errors: dict[int, Exception], learner_errors: list[Exception]):
-        super().__init__(f"push of version {version} failed: actors {sorted(errors)}, "
-                         f"learner {[str(e) for e in learner_errors]}")
-        self.errors, self.learner_errors = errors, learner_errors
-
-    @property
-    def dead_actors(self) -> dict[int, Exception]:
-        """The actors whose process is gone (to be replaced, not just re-joined)."""
-        import ray.exceptions
-
-        return {i: e for i, e in self.errors.items() if isinstance(e, ray.exceptions.RayActorError)}
 
 
 class RayCluster:
@@ -133,11 +118,11 @@ class RayCluster:
         infos = ray.get([w.setup.remote(
             host, port,
             stream_address=f"tcp://{'*' if host != '127.0.0.1' else host}:{cfg.transport.stream_port}",
-            weight_host=host, weight_port=cfg.transport.weight_port,
+            weight_address=f"tcp://{host}:{cfg.transport.weight_port}",
             weight_world_size=placement.weight_world_size, device=cfg.learner.device,
         ) for w in self.learners])
         stream = infos[0]["stream_address"].replace("0.0.0.0", host)
-        self._weights = WeightGroup(host, infos[0]["weight_port"], placement.weight_world_size,
+        self._weights = WeightGroup(infos[0]["weight_address"], placement.weight_world_size,
                                     cfg.transport.weight_timeout_s)
         self._slots = placement.of("actor")
         self._actor_configs = [{**actor_config(cfg, slot.index, model_path, stream), "cores": slot.cores,
@@ -303,13 +288,7 @@ class RayCluster:
         import ray
 
         n = len(self.actors)
-        parts = ray.get([a.evaluate.remote(seeds[i::n]) for i, a in enumerate(self.actors)])
-        total = sum(p["n"] for p in parts)
-        counted = [p for p in parts if p["n"]] or parts  # an actor with no episode has no scores
-        keys = sorted({k for p in counted for k, v in p.items() if k != "n" and isinstance(v, (int, float))})
-        out = {k: sum(p.get(k, 0.0) * p["n"] for p in parts) / max(total, 1) for k in keys}
-        out["n"] = float(total)
-        return out
+        return weighted_means(ray.get([a.evaluate.remote(seeds[i::n]) for i, a in enumerate(self.actors)]))
 
     # --- weights -------------------------------------------------------------------------------
     def push_weights(self, version: int) -> dict[str, float]:
@@ -329,14 +308,11 @@ class RayCluster:
         errors = {i: r for i, r in enumerate(results[len(learner_refs):]) if isinstance(r, Exception)}
         learner_errors = [r for r in results[:len(learner_refs)] if isinstance(r, Exception)]
         if errors or learner_errors:
-            raise PushError(version, errors, learner_errors)
-        published, updates = results[0], results[len(learner_refs):]
-        out = {**published, "weights/push_s": time.perf_counter() - t0}
-        for key in ("pause_s", "receive_s", "total_s"):
-            vals = [u.get(key, 0.0) for u in updates]
-            if vals:
-                out[f"weights/actor_{key}"] = max(vals)
-        return out
+            import ray.exceptions
+
+            dead = {i for i, e in errors.items() if isinstance(e, ray.exceptions.RayActorError)}
+            raise PushError(version, errors, learner_errors, dead)
+        return push_timings(results[0], results[len(learner_refs):], lambda: time.perf_counter() - t0)
 
     def reform_weights(self, version: int) -> dict[str, float]:
         """A new generation of the weight group, every actor in it, and ``version`` pushed to
@@ -351,7 +327,7 @@ class RayCluster:
         import ray
 
         g = self._weights
-        ray.get([a.join_weight_group.remote(g.host, g.port, slot.weight_ranks[0], g.world_size, g.timeout_s)
+        ray.get([a.join_weight_group.remote(g.address, slot.weight_ranks[0], g.world_size, g.timeout_s)
                  for a, slot in zip(self.actors, self._slots)])
 
     def _roles(self) -> Roles:

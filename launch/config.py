@@ -308,10 +308,18 @@ class RunConfig:
     """Names the run directory and the wandb run."""
     env_name: str = "frozenlake"
     """The env group's choice: a registry name (envs/registry.py)."""
+    topology: str = "ray"
+    """ray: every learner rank and actor a Ray actor, trajectories over ZeroMQ, weights by
+    broadcast | local: the same loop in this one process, no Ray, in-process channels and vLLM
+    engine (launch/local.py; one learner rank, one actor; for debugging)."""
 
     def __post_init__(self) -> None:
         from envs.registry import check_config
 
+        _one_of("topology", self.topology, ("ray", "local"))
+        if self.topology == "local" and (self.actors.num != 1 or self.learner.ranks != 1):
+            raise ValueError(f"topology=local runs one actor and one learner rank, got actors.num="
+                             f"{self.actors.num}, learner.ranks={self.learner.ranks}")
         if not isinstance(self.env.get("max_turns"), int):
             raise ValueError(f"env.max_turns: the {self.env_name} config must say how many turns an "
                              "episode has at most (an int)")

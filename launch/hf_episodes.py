@@ -1,6 +1,6 @@
 """Episodes played with transformers' ``generate`` in this process: greedy evaluation of a
-model (the warm start's before/after check) and sampled episodes for the single-process probe
-(launch/probe.py). No vLLM, no Ray, no env workers.
+model (the warm start's before/after check) and sampled episodes (``play`` with a temperature).
+No vLLM, no Ray, no env workers.
 
 The episodes run through actors.episode.run_episode (the actor's turn loop, token in, token out)
 concurrently over one in-process env per episode. Once every live episode waits for an answer,

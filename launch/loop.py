@@ -1,9 +1,9 @@
 """The training loop of one run: warm start, start the processes, train, evaluate, checkpoint.
 
 Called by ``python -m launch.train`` (the Hydra entry) with the run config and the run directory;
-the processes themselves (placement, start, weight push, evaluation, shutdown) are owned by
-launch/cluster.py's ``RayCluster``, the decisions about them (budgets, restarts) are
-launch/supervisor.py's. No Ray here.
+the processes themselves (placement, start, weight push, evaluation, shutdown) are owned by the
+topology's cluster (launch/topology.py: Ray's, or all in this process), the decisions about them
+(budgets, restarts) are launch/supervisor.py's. No Ray here.
 
 The loop. ``async``: actors play episodes without pause, each within an episode budget that keeps
 them ``actors.run_ahead`` batches ahead of the learner; each learner step takes the next batch
@@ -37,10 +37,10 @@ from typing import Any
 
 from launch import checkpoints
 from launch.builders import prepare_model
-from launch.cluster import RayCluster
 from launch.config import RunConfig
 from launch.metrics import RunLogger
 from launch.supervisor import Supervisor
+from launch.topology import Cluster, make_cluster
 
 WAIT_SLICE_S = 5.0
 """The learner waits for a batch this long per call; the supervisor checks the actors between."""
@@ -83,7 +83,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
               f"{dropped} records of later steps dropped", flush=True)
     logger = RunLogger(run_dir, dataclasses.asdict(cfg), wandb_mode=cfg.logger.mode,
                        use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
-    cluster = RayCluster(cfg)
+    cluster = make_cluster(cfg)
     monitor = None
     if cluster.connect():  # a local cluster: every process of the run is a descendant of this one
         from launch.memory import MemoryMonitor
@@ -130,7 +130,7 @@ def _eval_text(record: dict[str, Any]) -> str:
     return " | ".join([f"success {record['success']:.3f}", *scores])
 
 
-def _run(cfg: RunConfig, run_dir: Path, cluster: RayCluster, logger: RunLogger, monitor, stop: Stop,
+def _run(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger, monitor, stop: Stop,
          resume: dict[str, Any] | None) -> dict[str, Any]:
     """From started processes to the final checkpoint; returns the summary's results."""
     t = cfg.train
@@ -189,7 +189,7 @@ def _run(cfg: RunConfig, run_dir: Path, cluster: RayCluster, logger: RunLogger, 
             "accounting": cluster.accounting(), "resumed_from": resumed}
 
 
-def _train_step(cfg: RunConfig, cluster: RayCluster, supervisor: Supervisor,
+def _train_step(cfg: RunConfig, cluster: Cluster, supervisor: Supervisor,
                 version: int) -> dict[str, float]:
     """One learner step (after a sync-mode rollout). The learner waits for its batch in slices
     of WAIT_SLICE_S, between which failed actors are replaced; no batch within
@@ -208,7 +208,7 @@ def _train_step(cfg: RunConfig, cluster: RayCluster, supervisor: Supervisor,
             raise RuntimeError(f"no full batch in {cfg.train.batch_timeout_s} s: are the actors producing?")
 
 
-def _checkpoint(cfg: RunConfig, cluster: RayCluster, run_dir: Path, step: int) -> Path:
+def _checkpoint(cfg: RunConfig, cluster: Cluster, run_dir: Path, step: int) -> Path:
     """Every learner rank writes its part into the staging folder, with the step and each
     actor's seed stream; then it is committed (launch/checkpoints.py)."""
     streams = [{"incarnation": int(s["incarnation"]), "groups_drawn": int(s["groups_drawn"])}

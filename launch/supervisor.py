@@ -22,14 +22,14 @@ from __future__ import annotations
 import logging
 import time
 
-from launch.cluster import PushError, RayCluster
 from launch.config import RunConfig
+from launch.topology import Cluster, PushError
 
 log = logging.getLogger(__name__)
 
 
 class Supervisor:
-    def __init__(self, cfg: RunConfig, cluster: RayCluster) -> None:
+    def __init__(self, cfg: RunConfig, cluster: Cluster) -> None:
         self.cfg, self.cluster = cfg, cluster
         self.budget = 0
         """The last episode budget of an actor that never restarted."""

@@ -38,8 +38,7 @@ from transport.buffer import TrajectoryBuffer
 from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
-from transport.channels import trajectory_source
-from transport.weights import WeightPublisher
+from transport.channels import WeightSource, trajectory_source, weight_source
 
 log = logging.getLogger(__name__)
 
@@ -124,23 +123,30 @@ class LearnerWorker:
         self.version = 0
         self.trainer: Trainer | None = None
         self.inbox: Inbox | None = None
-        self.publisher: WeightPublisher | None = None
+        self.publisher: WeightSource | None = None
         self._objects = None
         self._last_batch: list[Trajectory] = []
 
-    def setup(self, master_addr: str, master_port: int, *, stream_address: str | None = None,
-              weight_host: str = "127.0.0.1", weight_port: int = 0, weight_world_size: int = 1,
-              device: str = "cpu") -> dict[str, Any]:
-        """Join the FSDP group and build the trainer; rank 0 also binds the stream and hosts the
-        weight group (its store's port is returned, with the stream's address)."""
+    def setup(self, master_addr: str | None, master_port: int = 0, *,
+              stream_address: str | None = None, weight_address: str = "tcp://127.0.0.1:0",
+              weight_world_size: int = 1, device: str = "cpu") -> dict[str, Any]:
+        """Join the FSDP group and build the trainer; rank 0 also binds the stream and the weight
+        channel (transport/channels.py: ``tcp://`` or ``inproc://`` each) and returns both
+        addresses, ports resolved. ``master_addr`` None: a group of one rank on an in-memory
+        store (no socket), for the single-process topology."""
         cfg = self.config
         redirect_output(cfg.log_file)
         backend = "nccl" if device.startswith("cuda") else "gloo"
         timeout = timedelta(seconds=cfg.dist_timeout_s)
         if device.startswith("cuda"):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
-                                rank=self.rank, world_size=self.world_size, timeout=timeout)
+        if master_addr is None:
+            if self.world_size != 1:
+                raise ValueError(f"an in-process group has one rank, not {self.world_size}")
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
+                                    rank=self.rank, world_size=self.world_size, timeout=timeout)
         self._objects = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
         cores = bind_cores(cfg.cores)
         if cfg.threads or cores:
@@ -152,9 +158,9 @@ class LearnerWorker:
                                max_staleness=cfg.max_staleness, on_stale=cfg.on_stale,
                                window_bytes=cfg.window_bytes, group_size=cfg.group_size,
                                partial_groups=cfg.partial_groups)
-            self.publisher = WeightPublisher(weight_host, weight_port, world_size=weight_world_size,
-                                             timeout_s=cfg.weight_timeout_s)
-            out.update(stream_address=self.inbox.address, weight_port=self.publisher.port)
+            self.publisher = weight_source(weight_address, world_size=weight_world_size,
+                                           timeout_s=cfg.weight_timeout_s)
+            out.update(stream_address=self.inbox.address, weight_address=self.publisher.address)
         return out
 
     def train_step(self, batch_size: int, timeout_s: float) -> dict[str, float]:

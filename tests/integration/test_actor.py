@@ -1,8 +1,10 @@
-"""InferenceActor against real parts: a multiprocess vLLM engine with the weight-sync worker
-extension, a FrozenLake EnvPool (1 worker), a TrajectoryReceiver and a WeightPublisher.
+"""InferenceActor against real parts: a vLLM engine with the weight-sync worker extension, a
+FrozenLake EnvPool (1 worker), a TrajectoryReceiver and a WeightPublisher.
 
-One actor serves the whole module (its engine takes ~10 s to start); its event loop lives in the
-fixture and each test runs its coroutine on it. Behaviour log-probs are checked token by token
+Every test runs on both engines: vLLM's AsyncLLM (its engine core in a child process) and
+actors/local_engine.py's InProcessEngine (the single-process topology's), which must keep the
+same contract. One actor per engine serves the whole module (an engine takes 5-10 s to start);
+its event loop lives in the fixture and each test runs its coroutine on it. Behaviour log-probs are checked token by token
 against transformers' log-softmax on the model of the version each token is labelled with.
 """
 
@@ -68,7 +70,7 @@ class Rig:
 @contextlib.contextmanager
 def started_actor(config: dict):
     """(event loop, a started InferenceActor of ``config`` streaming to a Collector, the
-    Collector); everything is closed on exit, also on failure. The engine runs in its own process."""
+    Collector); everything is closed on exit, also on failure."""
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
         mp.setenv("HF_HUB_OFFLINE", "1")
@@ -87,11 +89,12 @@ def started_actor(config: dict):
                 collector.close()
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
+@pytest.fixture(scope="module", params=["async", "in_process"])
+def rig(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("actor")
     old, new = build_tiny_model(tmp / "old", seed=0), build_tiny_model(tmp / "new", seed=1)
     with started_actor({
+        "engine": request.param,
         "actor_id": ACTOR_ID, "run_id": "test", "model_path": str(old), "env_name": "frozenlake",
         "env_workers": 1, "envs_per_worker": 4, "concurrency": 4, "group_size": 2,
         "temperature": 1.0, "max_tokens": 48, "max_turns": 3, "max_context": 2048,
@@ -165,7 +168,7 @@ def test_weights_update_in_flight(rig, hf_models):
     new_weights = list(hf_models[1].state_dict().items())
 
     async def scenario():
-        await actor.join_weight_group("127.0.0.1", publisher.port, 1, 2, 30.0)
+        await actor.join_weight_group(publisher.address, 1, 2, 30.0)
         start = len(collector.items)
         running = asyncio.create_task(actor.run())
         try:
@@ -205,7 +208,7 @@ def test_a_failed_update_keeps_serving_the_old_weights(rig):
     silent = WeightPublisher(world_size=2, timeout_s=2)  # never publishes
     try:
         version = rig.run(actor.stats())["version"]
-        rig.run(actor.join_weight_group("127.0.0.1", silent.port, 1, 2, 2.0))
+        rig.run(actor.join_weight_group(silent.address, 1, 2, 2.0))
         with pytest.raises(WeightUpdateError, match=f"still serving version {version}"):
             rig.run(actor.update_weights(version + 1), timeout_s=30)
     finally:

@@ -4,7 +4,8 @@ rendered as images in an EnvPool, trajectories over the ZeroMQ stream, a weight 
 Each observation's image reaches the model as its processor's run of image-pad tokens; the
 trajectory carries those ids and the images (PNG), and its behaviour log-probs equal what
 transformers' Qwen2-VL computes from the same ids and the decoded images, also for episodes
-played after a weight update in flight (new image embeddings, no engine failure).
+played after a weight update in flight (new image embeddings, no engine failure). Both engines
+(vLLM's AsyncLLM and the single-process topology's InProcessEngine), as in test_actor.py.
 """
 
 import asyncio
@@ -20,12 +21,13 @@ from transport.images import collapse_pads, decode_image
 from transport.weights import WeightPublisher
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
+@pytest.fixture(scope="module", params=["async", "in_process"])
+def rig(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("vl")
     old = str(build_tiny_model(tmp / "old", vision=True, seed=0))
     new = str(build_tiny_model(tmp / "new", vision=True, seed=1))
     with started_actor({
+        "engine": request.param,
         "actor_id": 1, "run_id": "vl", "model_path": old, "env_name": "frozenlake",
         "env_config": {"render": "image", "image_size": 64, "prompt": "brief"},
         "env_workers": 1, "envs_per_worker": 4, "concurrency": 4, "group_size": 2,
@@ -95,7 +97,7 @@ def test_weight_update_in_flight_with_images(rig):
     publisher = WeightPublisher(world_size=2, timeout_s=30)
 
     async def scenario():
-        await actor.join_weight_group("127.0.0.1", publisher.port, 1, 2, 30.0)
+        await actor.join_weight_group(publisher.address, 1, 2, 30.0)
         start = len(collector.items)
         running = asyncio.create_task(actor.run())
         try:

@@ -3,9 +3,10 @@ learner ranks. Asserts what the loop promises: weight versions advance at the ac
 tokens, staleness stays within the bound, every trajectory an actor sent was received and then
 either trained on or dropped, and the run directory holds what a user expects.
 
-``make test`` runs one of them, which also has to learn: the tiny model with random weights on
-ActionWords (envs/action_words.py), whose reward rises within a few steps. The FrozenLake runs
-(async and sync, images, Ctrl-C) are ``slow``."""
+``make test`` runs one of them on both topologies (``ray``, and ``local``: the same loop in one
+process), which also has to learn: the tiny model with random weights on ActionWords
+(envs/action_words.py), whose reward rises within a few steps. The FrozenLake runs (async and
+sync, images, Ctrl-C) are ``slow``."""
 
 import json
 import statistics
@@ -37,11 +38,20 @@ def _run(tmp_path, *overrides):
     return train(compose([*SHORT, *overrides]), tmp_path)
 
 
-def test_the_real_loop_learns_and_keeps_its_promises(tmp_path):
+TOPOLOGY = {
+    "ray": ([], {"actor-0.log", "learner-0.log", "learner-1.log"}),
+    # One process: one learner rank; only the engine's log records go to a file.
+    "local": (["topology=local", "learner.ranks=1"], {"engine.log"}),  # LEARN has 2 ranks
+}
+
+
+@pytest.mark.parametrize("topology", sorted(TOPOLOGY))
+def test_the_real_loop_learns_and_keeps_its_promises(tmp_path, topology):
     """Asynchronous GRPO on ActionWords, 25 steps of 32 episodes: the reward rises by more than
-    its noise; every group is trained whole; nothing is lost on the wire; every process's
-    output is in <run dir>/logs, not on the console."""
-    summary = train(compose(LEARN), tmp_path)
+    its noise; every group is trained whole; nothing is lost on the wire; the processes' output
+    (the engine's log included) is in <run dir>/logs, not on the console."""
+    overrides, log_files = TOPOLOGY[topology]
+    summary = train(compose([*LEARN, *overrides]), tmp_path)
     train_rows = [r for r in read_records(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in train_rows] == list(range(1, 26))
     rewards = [r["rollout/reward"] for r in train_rows]
@@ -57,8 +67,9 @@ def test_the_real_loop_learns_and_keeps_its_promises(tmp_path):
     assert acc["received"] == actor["episodes_sent"] and acc["taken"] == 25 * 32
     assert acc["taken"] + acc["dropped"] <= acc["received"]
     logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("*.log")}
-    assert set(logs) == {"actor-0.log", "learner-0.log", "learner-1.log"}
-    assert "vllm" in logs["actor-0.log"].lower()  # the engine's own lines went to the file
+    assert set(logs) == log_files
+    engine_log = logs["actor-0.log" if topology == "ray" else "engine.log"]
+    assert "vllm" in engine_log.lower()  # the engine's own lines went to the file
 
 
 @pytest.mark.slow

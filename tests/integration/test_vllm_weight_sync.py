@@ -89,7 +89,7 @@ def _scenario(out: Path, vision: bool) -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=N_NEW, min_tokens=N_NEW)
     try:
         before = llm.generate([request], greedy, use_tqdm=False)[0].outputs[0].token_ids
-        llm.collective_rpc("join_weight_group", args=("127.0.0.1", publisher.port, 1, 2, 60.0))
+        llm.collective_rpc("join_weight_group", args=(publisher.address, 1, 2, 60.0))
         pushing = threading.Thread(target=publisher.publish, args=(list(new_weights.items()), 1))
         pushing.start()
         versions = llm.collective_rpc("receive_weights")

@@ -102,6 +102,7 @@ def test_warm_start_config_is_the_warm_start_call_of_the_run():
     ("learner.lr=fast", "lr"),                        # a value of the wrong type
     ("logger.console=quiet", "logger.console"),       # a value the group's schema rejects
     ("+env.colour=red", "colour"),                    # an env keyword its factory does not take
+    ("topology=mesh", "topology"),                    # no such topology
 ])
 def test_a_bad_key_or_value_fails_at_compose_naming_it(override, named):
     with pytest.raises(Exception, match=named):
@@ -159,3 +160,19 @@ def test_secondary_command_lines_speak_the_runs_names():
     assert (ac.step_timeout_s, ac.reset_timeout_s) == (7.0, 9.0)
     with pytest.raises(ValueError, match="step_timeout_s"):
         compose(["actors.step_timeout_s=0"])
+
+
+@pytest.mark.parametrize("more", ["actors.num=2", "learner.ranks=2"])
+def test_the_local_topology_runs_one_actor_and_one_learner_rank(more):
+    with pytest.raises(ValueError, match="topology=local runs one actor and one learner rank"):
+        compose(["topology=local", more])
+
+
+def test_the_local_topology_restarts_no_actor_and_says_why():
+    from launch.local import LocalCluster
+
+    cluster = LocalCluster(compose(["topology=local"]))
+    crash = ValueError("engine step failed")
+    with pytest.raises(RuntimeError, match="topology=local restarts no actor") as info:
+        cluster.restart_actor(0, crash)
+    assert info.value.__cause__ is crash

@@ -1,6 +1,6 @@
 """launch/supervisor.py's decisions when an actor or a weight push fails.
 
-The cluster (launch/cluster.py) is replaced by a recorder whose push, reform and run outcomes a
+The cluster (launch/topology.py's ``Cluster``) is replaced by a recorder whose push, reform and run outcomes a
 test plays in order, so each failure is injected exactly where the test wants it. The real
 operations on real processes are tests/integration/test_actor_restart.py's.
 """
@@ -13,8 +13,8 @@ import pytest
 import ray.exceptions
 
 from launch import supervisor as sup
-from launch.cluster import PushError
 from launch.config import ActorsConfig, LearnerConfig, TrainConfig
+from launch.topology import PushError
 
 BATCH, GROUP, ACTORS = 8, 4, 2
 
@@ -101,7 +101,7 @@ def test_a_push_that_succeeds_touches_nothing_else(world):
 
 def test_a_push_failed_by_a_dead_actor_replaces_it_and_pushes_to_all_again(world):
     s, log, outcomes, cluster = world
-    outcomes += [PushError(6, {1: ray.exceptions.RayActorError()}, []), {"weights/push_s": 0.2}]
+    outcomes += [PushError(6, {1: ray.exceptions.RayActorError()}, [], dead={1}), {"weights/push_s": 0.2}]
     out = s.push(6)
     assert out["weights/reformed"] == 1.0 and out["weights/push_s"] == 0.2
     # Only actor 1 is restarted; the group is re-formed once, with the same version.
