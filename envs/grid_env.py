@@ -1,6 +1,7 @@
 """GridEnv: the text protocol (envs.protocol.Env) around one turn-based grid game.
 
-Built by the games' ``make_env`` (envs.frozenlake, envs.sokoban), which envs.registry calls. The
+Built by the games' ``make_env`` (envs.frozenlake, envs.sokoban; envs.gym_game for any gymnasium
+env with discrete actions and a text rendering), which envs.registry calls. The
 game owns the rules, the map, the solver and the render data (see ``GridGame``); this class owns
 what is common to them: the answer format, the rewards of a turn, the observations and the prompt.
 Invariants of ``step``:
@@ -202,6 +203,11 @@ class GridEnv:
         return StepResult(observation, reward, self._done, info)
 
     def state_text(self) -> str:
+        """The true state in words for the reasoning judge: the game's own ``state_text`` where it
+        has one (envs/gym_game.py), else the relations of its objects (envs/relations.py)."""
+        own = getattr(self.game, "state_text", None)
+        if own is not None:
+            return own()
         player, objects = self.game.objects()
         return describe(player, objects)
 
@@ -209,8 +215,15 @@ class GridEnv:
         """An optimal action sequence from the current state (BFS); None when there is none."""
         return self.game.solve()
 
+    @property
+    def has_solver(self) -> bool:
+        """``solve`` can answer (the warm start's demonstrations need it): a game says otherwise."""
+        return getattr(self.game, "has_solver", True)
+
     def close(self) -> None:
-        pass
+        close = getattr(self.game, "close", None)  # a game holding a simulator or a gymnasium env
+        if close is not None:
+            close()
 
     def _observe(self, feedback: str) -> Observation:
         turn = f"Turn {self._turn + 1} of {self.max_turns}."

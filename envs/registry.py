@@ -25,6 +25,7 @@ _FACTORIES = {
     "frozenlake": "envs.frozenlake:make_env",
     "sokoban": "envs.sokoban:make_env",
     "action_words": "envs.action_words:make_env",
+    "gym": "envs.gym_game:make_env",  # any gymnasium env: configs/env/gym.yaml
 }
 NAMES: tuple[str, ...] = tuple(_FACTORIES)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "env"

@@ -106,12 +106,27 @@ def prepare_model(cfg: RunConfig, run_dir: Path,
     _check_sees_images(cfg, str(path))
     if not cfg.warm_start.enabled:
         return str(path)
+    if not _has_solver(cfg):
+        print(f"warm start off: the {cfg.env_name} env has no solver to make demonstrations with "
+              "(warm_start.enabled=false says so quietly)", flush=True)
+        return str(path)
     out = run_dir / "warm-start"
     if (out / "config.json").exists():
         return str(out)
     if run_warm_start is None:
         raise ValueError("warm_start.enabled needs a way to run it (the cluster's warm_start)")
     return run_warm_start(str(path), out)
+
+
+def _has_solver(cfg: RunConfig) -> bool:
+    """Whether the run's env can solve its episodes (``has_solver``, envs/grid_env.py)."""
+    from envs.worker import make_env
+
+    env = make_env((cfg.env_name, env_config(cfg)))
+    try:
+        return bool(getattr(env, "has_solver", False))
+    finally:
+        env.close()
 
 
 def _check_sees_images(cfg: RunConfig, path: str) -> None:

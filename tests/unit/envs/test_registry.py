@@ -24,7 +24,7 @@ def defaults(name: str) -> dict:
 
 
 def test_names_and_reexport():
-    assert NAMES == ("frozenlake", "sokoban", "action_words")
+    assert NAMES == ("frozenlake", "sokoban", "action_words", "gym")
     assert envs.make is make
 
 

@@ -1,0 +1,152 @@
+"""Any gymnasium env with discrete actions and a text rendering, played through VAGEN's layer.
+
+``GymGame`` adapts a ``gymnasium.Env`` (a ``Discrete`` action space, ``render_mode="ansi"``) to
+the game interface of envs/grid_env.py (``GridGame``), so ``GridEnv`` adds to it what VAGEN adds
+to every env: the answer formats and their parser, the format reward, the turn limit, up to
+``max_actions_per_turn`` named actions a turn, and the reasoning judge where the env can state
+its state in words. ``make_env`` builds one from a registered gymnasium id
+(``env.id=CliffWalking-v1``) or an importable class (``env.entry_point=my_pkg.envs:MyEnv``):
+``env=gym`` in a run (configs/env/gym.yaml).
+
+What the env must provide (or the config say):
+- discrete actions and their names: ``action_names`` in the config, else the env's
+  ``metadata["action_names"]``, else the names known here for gymnasium's toy-text games
+  (``ACTION_NAMES``). The model answers with the names; each executes one ``step``;
+- a text rendering: ``render()`` in ``"ansi"`` mode (colour codes are stripped) is the observation;
+- optionally ``state_text()`` (the true state in words, for the reasoning judge; without it the
+  judge cannot score and the config must turn it off) and ``solve()`` (a shortest action-name
+  sequence to success, for the warm start's demonstrations; without it the warm start is off).
+Success: ``info["success"]`` where the env reports it, else by the config's ``success`` rule:
+``terminated`` (reaching a terminal state is success: CliffWalking, Taxi) or ``positive_reward``
+(a terminal step with a positive reward: FrozenLake, whose holes also terminate).
+Truncation by the env's own step limit ends the episode without success. Seeds: the episode of
+``reset(seed)`` is the gymnasium env's ``reset(seed=...)`` with a seed drawn from it, so the same
+seed replays the same episode.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from envs.grid_env import GridEnv
+
+ACTION_NAMES: dict[str, tuple[str, ...]] = {
+    "CliffWalking": ("Up", "Right", "Down", "Left"),
+    "Taxi": ("South", "North", "East", "West", "Pickup", "Dropoff"),
+    "FrozenLake": ("Left", "Down", "Right", "Up"),
+}
+"""Action names of gymnasium's toy-text games, by id without the version (their docs' order)."""
+SUCCESS_RULES = ("terminated", "positive_reward")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class GymGame:
+    """A gymnasium env as a ``GridGame`` (text only: no layers to draw, no objects to describe)."""
+
+    shape = (1, 1)
+    image_legend = ""
+
+    def __init__(self, env, action_names: Sequence[str], *, task: str = "",
+                 success: str = "terminated") -> None:
+        import gymnasium as gym
+
+        if not isinstance(env.action_space, gym.spaces.Discrete):
+            raise ValueError(f"the env's actions must be Discrete, got {env.action_space}")
+        if len(action_names) != env.action_space.n or len(set(action_names)) != len(action_names):
+            raise ValueError(f"{env.action_space.n} actions need as many distinct names, "
+                             f"got {list(action_names)}")
+        if env.render_mode != "ansi":
+            raise ValueError(f"the env must render text (render_mode='ansi'), got {env.render_mode!r}")
+        if success not in SUCCESS_RULES:
+            raise ValueError(f"success must be one of {SUCCESS_RULES}, got {success!r}")
+        self.env, self.success = env, success
+        self.action_space = tuple(action_names)
+        self.task = task
+        self.text_legend = "The state is drawn as the environment renders it."
+        self._index = {name: i for i, name in enumerate(self.action_space)}
+
+    def reset(self, rng: np.random.Generator) -> None:
+        self.env.reset(seed=int(rng.integers(2**31)))
+
+    def move(self, action: str) -> tuple[float, bool, bool]:
+        _, reward, terminated, truncated, info = self.env.step(self._index[action])
+        if "success" in info:
+            success = bool(info["success"])
+        else:
+            success = terminated and (self.success == "terminated" or reward > 0)
+        return float(reward), bool(terminated or truncated), success
+
+    @property
+    def has_solver(self) -> bool:
+        """The env can ``solve()`` (the warm start's demonstrations need it)."""
+        return hasattr(self.env.unwrapped, "solve")
+
+    def solve(self) -> list[str] | None:
+        return self.env.unwrapped.solve() if self.has_solver else None
+
+    def text(self) -> str:
+        return _ANSI.sub("", self.env.render()).strip("\n")
+
+    @property
+    def describes(self) -> bool:
+        """The env states its state in words (``state_text``): the reasoning judge can score."""
+        return hasattr(self.env.unwrapped, "state_text")
+
+    def state_text(self) -> str:
+        return self.env.unwrapped.state_text() if self.describes else ""
+
+    def layers(self):
+        raise NotImplementedError("a gymnasium env is observed as text (render: text)")
+
+    def objects(self):
+        raise NotImplementedError("a gymnasium env states its state through state_text()")
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def make_env(*, id: str | None = None, entry_point: str | None = None,
+             kwargs: dict[str, Any] | None = None, action_names: Sequence[str] | None = None,
+             success: str = "terminated", task: str = "", **layer: Any) -> GridEnv:
+    """The gymnasium env ``id`` (``gymnasium.make``) or ``entry_point`` ("module:Class", built
+    with ``kwargs``) in VAGEN's layer; ``layer`` is GridEnv's settings (format, max_turns, ...)."""
+    import gymnasium as gym
+
+    if (id is None) == (entry_point is None):
+        raise ValueError("give the env as exactly one of id (a gymnasium id) or entry_point "
+                         f"(module:Class), got id={id!r}, entry_point={entry_point!r}")
+    kwargs = {"render_mode": "ansi", **(kwargs or {})}
+    if id is not None:
+        env = gym.make(id, **kwargs)
+    else:
+        module, _, attr = entry_point.partition(":")
+        if not attr:
+            raise ValueError(f"entry_point must be module:Class, got {entry_point!r}")
+        env = getattr(importlib.import_module(module), attr)(**kwargs)
+    if "ansi" not in env.metadata.get("render_modes", ()):
+        env.close()
+        raise ValueError(f"{id or entry_point} renders no text: 'ansi' is not among its "
+                         f"render_modes {env.metadata.get('render_modes')}")
+    names = action_names or env.metadata.get("action_names") or ACTION_NAMES.get(
+        (id or "").split("/")[-1].split("-v")[0])
+    if names is None:
+        env.close()
+        raise ValueError(f"name the actions of {id or entry_point} (env.action_names=[...]): "
+                         "its metadata has no action_names")
+    game = GymGame(env, names, task=task, success=success)
+    layer.setdefault("reasoning_reward", None)
+    problem = None
+    if not game.describes and layer["reasoning_reward"] is not None:
+        problem = "has no state_text(): the reasoning judge cannot score it (env.reasoning_reward=null)"
+    if layer.get("render", "text") != "text":
+        problem = "is observed as text here (env.render=text)"
+    if problem:
+        env.close()
+        raise ValueError(f"{id or entry_point} {problem}")
+    example = tuple(game.action_space[:min(2, len(game.action_space))])
+    return GridEnv(game, action_example=example, **layer)

@@ -1,0 +1,141 @@
+"""envs/gym_game.py: gymnasium envs nobody here wrote, played through VAGEN's layer.
+
+CliffWalking's walk along the cliff is scripted turn by turn (its rewards are -1 a step, -100 and
+back to the start off the cliff); FrozenLake's slippery ice checks that a seed replays its
+episode; a small env of the test's own comes in by entry point with its action names and state
+text."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from envs.gym_game import make_env
+from envs.registry import check_config, make, resolve_config
+
+CLIFF = dict(id="CliffWalking-v1", format="no_think", max_turns=5, max_actions_per_turn=3,
+             prompt="brief")
+
+
+def _answer(*actions: str) -> str:
+    return f"<answer>{', '.join(actions)}</answer>"
+
+
+def test_the_walk_along_the_cliff_succeeds_in_five_turns():
+    env = make_env(**CLIFF)
+    first = env.reset(seed=0)
+    rows = first.text.split("The current state:\n")[1].splitlines()[:4]
+    assert rows[3].split() == ["x"] + ["C"] * 10 + ["T"]  # the player at the start
+    turns = [("Up", "Right", "Right"), ("Right",) * 3, ("Right",) * 3, ("Right",) * 3, ("Right", "Down")]
+    results = [env.step(_answer(*t)) for t in turns]
+    assert [r.info["actions"] for r in results] == [list(t) for t in turns]
+    # -1 per move (the goal's step too) + 0.5 format reward per turn
+    assert [r.reward for r in results] == [-2.5, -2.5, -2.5, -2.5, -1.5]
+    assert [r.done for r in results] == [False] * 4 + [True]
+    assert [r.info["success"] for r in results] == [False] * 4 + [True]
+    with pytest.raises(RuntimeError, match="ended"):
+        env.step(_answer("Up"))
+
+
+def test_a_step_off_the_cliff_costs_100_and_a_bad_answer_executes_nothing():
+    env = make_env(**CLIFF)
+    env.reset(seed=0)
+    fall = env.step(_answer("Right"))  # from the start, right is the cliff
+    assert fall.reward == -100 + 0.5 and not fall.done and fall.info["actions"] == ["Right"]
+    unknown = env.step(_answer("Jump"))
+    assert (unknown.reward, unknown.info["actions"], unknown.info["actions_valid"]) == (0.0, [], False)
+    garbage = env.step("walk right a bit")
+    assert (garbage.reward, garbage.info["actions"], garbage.info["format_correct"]) == (0.0, [], False)
+    assert "not in the required format" in garbage.observation.text
+
+
+def test_a_seed_replays_its_slippery_episode():
+    def play(seed: int) -> list[str]:
+        env = make_env(id="FrozenLake-v1", kwargs={"is_slippery": True}, success="positive_reward",
+                       format="no_think", max_turns=4, max_actions_per_turn=3, prompt="none")
+        texts = [env.reset(seed=seed).text]
+        for _ in range(4):
+            result = env.step(_answer("Right", "Down", "Right"))
+            texts.append(result.observation.text)
+            if result.done:
+                break
+        env.close()
+        return texts
+
+    assert play(7) == play(7)
+    assert len({tuple(play(s)) for s in range(6)}) > 1  # the slips differ between seeds
+
+
+class Corridor(gym.Env):
+    """A corridor of ``length`` cells: walk to its end. States its position in words."""
+
+    metadata = {"render_modes": ["ansi"], "action_names": ["Back", "Forward"]}
+
+    def __init__(self, length: int = 4, render_mode: str | None = None) -> None:
+        self.length, self.render_mode = length, render_mode
+        self.action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.spaces.Discrete(length)
+        self.position = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = int(self.np_random.integers(0, self.length - 1))
+        return self.position, {}
+
+    def step(self, action):
+        self.position = min(max(self.position + (1 if action == 1 else -1), 0), self.length - 1)
+        done = self.position == self.length - 1
+        return self.position, float(done), done, False, {}
+
+    def render(self):
+        return "".join("A" if i == self.position else "." for i in range(self.length))
+
+    def state_text(self) -> str:
+        return f"the agent is {self.length - 1 - self.position} cells from the end"
+
+
+def test_an_env_of_ones_own_plugs_in_by_entry_point_with_its_names_and_state():
+    env = make_env(entry_point=f"{__name__}:Corridor", kwargs={"length": 5}, format="no_think",
+                   max_turns=2, max_actions_per_turn=4, prompt="brief",
+                   reasoning_reward={"judge": "rule"})
+    env.reset(seed=3)
+    start = env.state_text()
+    steps = int(start.split()[3])  # "the agent is N cells from the end"
+    assert "Actions: Back, Forward." in env.system_prompt()
+    result = env.step(_answer(*["Forward"] * steps))
+    assert result.done and result.info["success"] and env.state_text().startswith("the agent is 0")
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"id": "CliffWalking-v1", "entry_point": f"{__name__}:Corridor"}, "exactly one of"),
+    ({"id": None}, "exactly one of"),
+    ({"id": "CliffWalking-v1", "action_names": ["Up", "Down"]}, "4 actions need as many"),
+    ({"entry_point": "gymnasium.envs.toy_text.cliffwalking"}, "module:Class"),
+    ({"id": "CartPole-v1"}, "render_mode"),  # no ansi rendering
+    ({"id": "CliffWalking-v1", "render": "image"}, "observed as text"),
+    ({"id": "CliffWalking-v1", "reasoning_reward": {"judge": "rule"}}, "no state_text"),
+    ({"id": "CliffWalking-v1", "success": "sometimes"}, "success must be"),
+])
+def test_a_config_the_layer_cannot_play_fails_naming_why(settings, message):
+    with pytest.raises(ValueError, match=message):
+        make_env(**settings)
+
+
+def test_the_registry_builds_it_from_its_yaml_and_checks_overrides():
+    env = make("gym", **resolve_config("gym", {"prompt": "none"}))
+    obs = env.reset(seed=1)
+    assert "T" in obs.text and env.system_prompt() == ""
+    env.close()
+    check_config("gym", resolve_config("gym", {"id": "Taxi-v4", "success": "terminated"}))
+    with pytest.raises(ValueError, match="env 'gym'"):
+        check_config("gym", resolve_config("gym", {"id": "CartPole-v1"}))
+
+
+def test_taxi_names_its_six_actions():
+    env = make_env(id="Taxi-v4", format="no_think", max_turns=1, prompt="brief")
+    env.reset(seed=0)
+    assert env.action_space == ("South", "North", "East", "West", "Pickup", "Dropoff")
+    result = env.step(_answer("Pickup"))  # no passenger here: -10, executed, not the end
+    assert result.reward == -10 + 0.5 and result.info["actions"] == ["Pickup"]
+    assert np.isfinite(result.reward)
