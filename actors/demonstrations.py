@@ -45,6 +45,7 @@ import numpy as np
 from actors.episode import ChatContext, Generation
 from actors.vision import VisionTokens
 from envs.formats import FORMATS
+from envs.protocol import to_observation, to_step_result
 from envs.registry import make
 from envs.relations import PHRASES, describe, relation
 from transport.schema import Trajectory
@@ -84,7 +85,7 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
     k = env.max_actions if actions_per_turn is None else actions_per_turn
     if not 1 <= k <= env.max_actions:
         raise ValueError(f"actions_per_turn must be in [1, {env.max_actions}], got {k}")
-    if getattr(env, "render", "text") == "image" and vision is None:
+    if getattr(env, "observed_as", "text") == "image" and vision is None:
         raise ValueError("the env renders images: demonstrations need the model's vision tokens "
                          "(vision=actors.vision.VisionTokens.from_pretrained(<a VLM>))")
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
@@ -101,7 +102,7 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
              index: int, rng: np.random.Generator, noise: float, mistake: str, k: int,
              reasoning: str) -> Trajectory:
     ctx = ChatContext(tokenizer, env.system_prompt(), vision)
-    obs = env.reset(seed)
+    obs = to_observation(env.reset(seed=seed)[0])
     rewards, success, random_actions, n_actions, previous = [], False, 0, 0, None
     while True:
         actions, after, n_random = _choose(env.game, rng, noise, mistake, k, previous)
@@ -112,7 +113,7 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
         ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
         ctx.add_observation(obs.text, obs.images)
         ctx.add_generation(Generation(ids, [0.0] * len(ids), [0] * len(ids), stopped=True))
-        result = env.step(answer)
+        result = to_step_result(env.step(answer))
         rewards.append(float(result.reward))
         success = bool(result.info["success"])
         random_actions, n_actions = random_actions + n_random, n_actions + len(actions)

@@ -1,4 +1,5 @@
-"""Environments: the agent protocol, reasoning formats, built-in envs and env worker pools.
+"""Environments: the agent protocol (gymnasium envs, registered as ``vagen/...`` ids on import),
+reasoning formats, built-in envs and env worker pools.
 
 Imports transport only (for the wire codec); knows nothing of actors or learner.
 """

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import re
 
-from envs.protocol import Observation, StepResult
+import gymnasium as gym
+
+from envs.protocol import TEXT, observation_space
 
 ACTION_WORDS = ("Up", "Down", "Left", "Right")
 _WORD = re.compile("|".join(ACTION_WORDS))
@@ -26,27 +28,31 @@ PROMPTS = (
 )
 
 
-class ActionWordsEnv:
+class ActionWordsEnv(gym.Env):
+    """One turn; the prompt is the seed's. A gymnasium env like every env here (envs.protocol)."""
+
     def __init__(self, *, prompt: str = "none", max_turns: int = 1) -> None:
         if max_turns != 1:
             raise ValueError(f"ActionWords has one turn, got max_turns={max_turns}")
         self.prompt = prompt
+        self.action_space, self.observation_space = TEXT, observation_space()
         self._seed = 0
 
     def system_prompt(self) -> str:
         return "" if self.prompt == "none" else "Answer with moves: Up, Down, Left or Right."
 
-    def reset(self, seed: int) -> Observation:
-        self._seed = seed
-        return Observation(PROMPTS[seed % len(PROMPTS)])
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        super().reset(seed=seed)
+        self._seed = int(self.np_random.integers(2**31)) if seed is None else seed
+        return {"text": PROMPTS[self._seed % len(PROMPTS)], "images": ()}, {}
 
-    def step(self, llm_text: str) -> StepResult:
+    def step(self, llm_text: str) -> tuple[dict, float, bool, bool, dict]:
         hits = _WORD.findall(llm_text)
         chars = len("".join(llm_text.split()))
         reward = sum(map(len, hits)) / chars if chars else 0.0
         info = {"success": reward >= 0.5, "format_correct": True, "actions_valid": True,
                 "actions": hits, "metrics": {"env_reward": reward, "n_actions": float(len(hits))}}
-        return StepResult(Observation("done"), reward, True, info)
+        return {"text": "done", "images": ()}, reward, True, False, info
 
     def state_text(self) -> str:
         return f"prompt {self._seed % len(PROMPTS)}"

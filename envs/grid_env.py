@@ -1,4 +1,4 @@
-"""GridEnv: the text protocol (envs.protocol.Env) around one turn-based grid game.
+"""GridEnv: VAGEN's layer (envs.protocol.Env, a gymnasium env) around one turn-based game.
 
 Built by the games' ``make_env`` (envs.frozenlake, envs.sokoban; envs.gym_game for any gymnasium
 env with discrete actions and a text rendering), which envs.registry calls. The
@@ -10,7 +10,8 @@ Invariants of ``step``:
   invalid one (the valid prefix runs; ``actions_valid`` is then False and the format reward 0),
   and never past the end of the episode.
 - Reward = env reward of the executed actions + format reward + reasoning reward.
-- The episode ends on success, on failure, or after ``max_turns`` turns; stepping it again raises.
+- The episode ends on success, on failure (``terminated``), or after ``max_turns`` turns
+  (``truncated``); stepping it again raises.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
+import gymnasium as gym
 import numpy as np
 
 from envs.formats import FORMATS, Parsed, format_example, format_prompt, format_reward, parse
 from envs.grid import Pos, Tile, render_rgb
 from envs.judge import make_reasoning_reward
-from envs.protocol import IMAGE_PLACEHOLDER, Observation, StepResult
+from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, observation_space
 from envs.relations import describe
 
 RENDERS = ("text", "image")
@@ -78,8 +80,11 @@ def check_int(name: str, value: Any, low: int) -> int:
     return value
 
 
-class GridEnv:
-    """A multi-turn text (or image) Env playing ``game``; see the module docstring.
+class GridEnv(gym.Env):
+    """A multi-turn text (or image) gymnasium env playing ``game``; see the module docstring.
+
+    The action is the model's answer (any text); the observation is ``{"text", "images"}``;
+    ``render()`` is the game's symbol grid. ``action_names`` are the game's actions.
 
     Settings: ``format`` (one of envs.formats.FORMATS), ``render`` ("text": the symbol grid;
     "image": one RGB picture of ``image_size`` pixels a side), ``max_turns``,
@@ -93,6 +98,8 @@ class GridEnv:
     it makes shorter again). ``action_example`` is the actions of the system
     prompt's example answer.
     """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(
         self,
@@ -108,6 +115,7 @@ class GridEnv:
         format_reward: float = 0.5,
         reasoning_reward: Mapping[str, Any] | None = DEFAULT_REASONING_REWARD,
         prompt: str = "full",
+        render_mode: str | None = None,
     ) -> None:
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; expected one of {FORMATS}")
@@ -118,7 +126,9 @@ class GridEnv:
         if not isinstance(action_sep, str) or not action_sep.strip():
             raise ValueError(f"action_sep must be a non-blank string, got {action_sep!r}")
         self.game = game
-        self.format, self.render, self.action_sep, self.prompt = format, render, action_sep, prompt
+        self.format, self.action_sep, self.prompt = format, action_sep, prompt
+        self.observed_as = render
+        """"text" (the symbol grid) or "image" (the picture): the ``render`` setting."""
         self.image_size = check_int("image_size", image_size, 4 * max(game.shape))
         self.max_turns = check_int("max_turns", max_turns, 1)
         self.max_actions = check_int("max_actions_per_turn", max_actions_per_turn, 1)
@@ -126,8 +136,13 @@ class GridEnv:
         self.judge = make_reasoning_reward(
             None if reasoning_reward is None else dict(reasoning_reward)
         )
-        self.action_space = game.action_space
-        self._actions = {a.lower(): a for a in game.action_space}
+        self.action_names: tuple[str, ...] = tuple(game.action_space)
+        self._actions = {a.lower(): a for a in self.action_names}
+        self.action_space = TEXT
+        self.observation_space = observation_space(self.image_size if render == "image" else None)
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.render_mode = render_mode
         self._example = action_sep.join(action_example)
         # The per-turn reminder: the example answer with every section's text elided.
         self._template = re.sub(r">[^<]+<", ">...<", format_example(format, action_example="..."))
@@ -136,24 +151,31 @@ class GridEnv:
     def system_prompt(self) -> str:
         if self.prompt == "none":
             return ""
-        legend = self.game.text_legend if self.render == "text" else self.game.image_legend
+        legend = self.game.text_legend if self.observed_as == "text" else self.game.image_legend
         answer = (f"Answer as {self._template}" if self.prompt == "brief" else
                   format_prompt(self.format, action_example=self._example,
                                 action_sep=self.action_sep, max_actions=self.max_actions))
         return "\n\n".join([
             self.game.task,
             legend,
-            f"Actions: {', '.join(self.action_space)}. You have {self.max_turns} turns; in each "
+            f"Actions: {', '.join(self.action_names)}. You have {self.max_turns} turns; in each "
             f"turn give 1 to {self.max_actions} actions, executed in order.",
             answer,
         ])  # fmt: skip
 
-    def reset(self, seed: int) -> Observation:
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        """The episode of ``seed`` (None: one drawn from the env's generator)."""
+        super().reset(seed=seed)
+        if seed is None:
+            seed = int(self.np_random.integers(2**31))
         self.game.reset(np.random.default_rng(seed))
         self._turn, self._done, self._started = 0, False, True
-        return self._observe("")
+        return self._observe(""), {}
 
-    def step(self, llm_text: str) -> StepResult:
+    def render(self) -> str:
+        return self.game.text()
+
+    def step(self, llm_text: str) -> tuple[dict, float, bool, bool, dict]:
         if not self._started:
             raise RuntimeError("step() before reset()")
         if self._done:
@@ -200,7 +222,7 @@ class GridEnv:
         }
         reward = env_reward + fmt_reward + float(reason_reward)
         observation = self._observe(_feedback(parsed, matched, executed))
-        return StepResult(observation, reward, self._done, info)
+        return observation, reward, ended, self._done and not ended, info
 
     def state_text(self) -> str:
         """The true state in words for the reasoning judge: the game's own ``state_text`` where it
@@ -225,20 +247,21 @@ class GridEnv:
         if close is not None:
             close()
 
-    def _observe(self, feedback: str) -> Observation:
+    def _observe(self, feedback: str) -> dict:
         turn = f"Turn {self._turn + 1} of {self.max_turns}."
         header = "The episode is over." if self._done else turn
-        if self.render == "text":
+        if self.observed_as == "text":
             state, images = self.game.text(), []
         else:
             state = IMAGE_PLACEHOLDER
             images = [render_rgb(self.game.shape, self.game.layers(), self.image_size)]
         reminder = "" if self.prompt != "full" else (
             f"Reply exactly as {self._template} with 1 to {self.max_actions} actions from "
-            f"{', '.join(self.action_space)}, separated by {self.action_sep!r}."
+            f"{', '.join(self.action_names)}, separated by {self.action_sep!r}."
         )
         lines = [feedback, header, "The current state:", state, reminder]
-        return Observation("\n".join(line for line in lines if line), images)
+        checked = Observation("\n".join(line for line in lines if line), images)  # one image a placeholder
+        return {"text": checked.text, "images": tuple(checked.images)}
 
 
 def _feedback(parsed: Parsed, matched: list[str | None], executed: list[str]) -> str:

@@ -1,12 +1,14 @@
 """The agent-environment protocol: what an env is, what it returns, what crosses a process boundary.
 
-Called by the env worker pool (envs/pool.py), the env worker (envs/worker.py), the result codec
-(envs/wire.py), the env service (envs/main.py) and, through the pool client, by the actors.
+An env is a gymnasium env (``Env``), made with ``gymnasium.make`` under a ``vagen/...`` id
+(envs/registry.py). Called by the env worker (envs/worker.py), which turns its gymnasium results
+into the ``Observation`` / ``StepResult`` that the result codec (envs/wire.py), the pool
+(envs/pool.py), the env service and, through them, the actors carry.
 Invariants:
-- An env speaks text: ``reset(seed)`` gives the first observation, ``step(llm_text)`` takes the
-  model's raw answer, parses it itself (envs/formats.py), executes only the valid actions of a
-  correctly formatted answer, and returns this turn's total reward.
-- Same seed, same episode: ``reset(seed)`` fully determines the episode.
+- An env speaks text: ``reset(seed=...)`` gives the first observation, ``step(llm_text)`` takes
+  the model's raw answer, parses it itself (envs/formats.py), executes only the valid actions of
+  a correctly formatted answer, and returns this turn's total reward.
+- Same seed, same episode: ``reset(seed=...)`` fully determines the episode.
 - ``Observation.text`` holds one ``IMAGE_PLACEHOLDER`` per entry of ``Observation.images``, in order.
 - Everything here is plain data (str, float, bool, int, lists, dicts and uint8 numpy arrays), so
   it encodes with msgpack without pickle.
@@ -14,10 +16,12 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from gymnasium.spaces import Box, Dict, Sequence, Text
 
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -54,21 +58,59 @@ class StepResult:
     ``reasoning_reward``, ``n_actions``)."""
 
 
+class AnyText(Text):
+    """Text of any characters (gymnasium's ``Text`` holds a fixed character set): the model
+    answers with whatever its tokenizer can write. ``sample`` draws letters and digits."""
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"AnyText({self.min_length}, {self.max_length})"
+
+
+TEXT = AnyText(max_length=1 << 16, min_length=0)
+"""The space of the model's answers and of observation texts, up to 64 Ki characters."""
+
+
+def observation_space(image_size: int | None = None) -> Dict:
+    """``{"text": str, "images": (RGB uint8 arrays of image_size x image_size, ...)}``; without an
+    ``image_size`` the images (none, for a text env) have any size."""
+    shape = (image_size, image_size, 3) if image_size else (1, 1, 3)
+    return Dict({"text": TEXT, "images": Sequence(Box(0, 255, shape, np.uint8))})
+
+
+def to_observation(obs: Mapping[str, Any]) -> Observation:
+    """A gymnasium observation (``{"text", "images"}``) as the pool's ``Observation``."""
+    return Observation(obs["text"], list(obs.get("images", ())))
+
+
+def to_step_result(step: tuple) -> StepResult:
+    """A gymnasium step's ``(obs, reward, terminated, truncated, info)`` as the pool's StepResult."""
+    obs, reward, terminated, truncated, info = step
+    return StepResult(to_observation(obs), float(reward), bool(terminated or truncated), info)
+
+
 @runtime_checkable
 class Env(Protocol):
-    """A multi-turn text (and image) environment. Implementations: envs.frozenlake, envs.sokoban."""
+    """A multi-turn text (and image) environment: a ``gymnasium.Env`` whose action is the model's
+    answer (``TEXT``) and whose observation is ``{"text", "images"}`` (``observation_space``),
+    with two methods of its own. Implementations: envs.grid_env.GridEnv (FrozenLake, Sokoban, any
+    gymnasium game through envs.gym_game), envs.action_words."""
 
     def system_prompt(self) -> str:
         """The system message: the task, the symbols, the actions and the answer format ("": the
         chat has no system message)."""
         ...
 
-    def reset(self, seed: int) -> Observation:
-        """Start the episode that ``seed`` determines; returns the first observation."""
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        """Start the episode that ``seed`` determines; returns the first observation and info."""
         ...
 
-    def step(self, llm_text: str) -> StepResult:
-        """Parse the model's raw answer, execute its valid actions, return the turn's result."""
+    def step(self, action: str) -> tuple[dict, float, bool, bool, dict]:
+        """Parse the model's raw answer, execute its valid actions; returns the observation, this
+        turn's reward, terminated (the task ended: success or failure), truncated (the turn limit)
+        and the info of ``StepResult.info``."""
         ...
 
     def state_text(self) -> str:

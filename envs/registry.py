@@ -1,21 +1,27 @@
-"""The env registry: build a built-in env by name, with its YAML defaults.
+"""The env registry: build a built-in env by name, with its YAML defaults, through gymnasium.
 
 Called by the env worker pool (envs/pool.py) and by launch code; re-exported as ``envs.make``.
+Every env is registered with gymnasium under ``IDS[name]`` (``vagen/FrozenLake-v0``, ...), so
+``gymnasium.make("vagen/FrozenLake-v0", **config)`` builds it too, once ``envs`` is imported.
 Invariants:
 - ``make(name, **resolve_config(name, overrides))`` builds the env of ``configs/env/<name>.yaml``
   with ``overrides`` applied; every key is a keyword argument of the env's ``make_env``.
+- ``gymnasium.make`` adds no wrapper (registered without the order enforcer and the passive
+  checker; tests run gymnasium's ``check_env`` on every env instead), so the env's own methods
+  (``system_prompt``, ``state_text``, ``solve``) are reachable on what ``make`` returns.
 - An env's module is imported only when it is made, so importing ``envs`` stays light (later envs
   bring simulators).
 """
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import yaml
 
 from envs.protocol import Env
@@ -28,6 +34,13 @@ _FACTORIES = {
     "gym": "envs.gym_game:make_env",  # any gymnasium env: configs/env/gym.yaml
 }
 NAMES: tuple[str, ...] = tuple(_FACTORIES)
+IDS: dict[str, str] = {"frozenlake": "vagen/FrozenLake-v0", "sokoban": "vagen/Sokoban-v0",
+                       "action_words": "vagen/ActionWords-v0", "gym": "vagen/GymText-v0"}
+"""Each env's gymnasium id."""
+for _name, _id in IDS.items():
+    if _id not in gym.registry:
+        gym.register(_id, entry_point=_FACTORIES[_name], order_enforce=False,
+                     disable_env_checker=True)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "env"
 
 
@@ -44,35 +57,34 @@ def make(name: str, *, step_delay_s: float = 0.0, **config: Any) -> Env:
     Raises ValueError for an unknown name or a bad setting, TypeError for an unknown key.
     """
     _check_name(name)
-    module, factory = _FACTORIES[name].split(":")
-    env = getattr(importlib.import_module(module), factory)(**config)
     if step_delay_s < 0:
         raise ValueError(f"step_delay_s must be >= 0, got {step_delay_s}")
+    # Through a spec holding the settings: gymnasium.make's own parameters (``id``...) would
+    # swallow an env's keys of the same name (envs/gym_game.py has an ``id``).
+    env = gym.make(dataclasses.replace(gym.spec(IDS[name]), kwargs=dict(config)))
     return DelayedEnv(env, step_delay_s) if step_delay_s else env
 
 
-class DelayedEnv:
+class DelayedEnv(gym.Wrapper):
     """``env`` whose reset and step each sleep ``delay_s`` first (see ``make``)."""
 
     def __init__(self, env: Env, delay_s: float) -> None:
-        self.env, self.delay_s = env, delay_s
+        super().__init__(env)
+        self.delay_s = delay_s
 
     def system_prompt(self) -> str:
         return self.env.system_prompt()
 
-    def reset(self, seed: int):
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
         time.sleep(self.delay_s)
-        return self.env.reset(seed)
+        return self.env.reset(seed=seed, options=options)
 
-    def step(self, llm_text: str):
+    def step(self, action: str):
         time.sleep(self.delay_s)
-        return self.env.step(llm_text)
+        return self.env.step(action)
 
     def state_text(self) -> str:
         return self.env.state_text()
-
-    def close(self) -> None:
-        self.env.close()
 
 
 def check_config(name: str, config: Mapping[str, Any]) -> None:

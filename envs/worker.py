@@ -22,6 +22,7 @@ import os
 import signal
 from typing import Any
 
+from envs.protocol import to_observation, to_step_result
 from envs.wire import EpisodeFailure, to_wire
 from transport.codec import CodecError, decode, encode
 
@@ -71,9 +72,9 @@ def worker_main(conn, factory: EnvFactory, num_envs: int) -> None:
 def _run(env, op: str, arg: Any) -> dict:
     try:
         if op == "reset":
-            return to_wire(env.reset(arg))
+            return to_wire(to_observation(env.reset(seed=arg)[0]))
         if op == "step":
-            return to_wire(env.step(arg))
+            return to_wire(to_step_result(env.step(arg)))
         return to_wire(getattr(env, op)())  # system_prompt, state_text
     except Exception as e:  # noqa: BLE001 - an env error is this slot's result
         return to_wire(EpisodeFailure(f"env_error: {type(e).__name__}: {e}"[:500]))

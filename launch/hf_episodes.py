@@ -24,6 +24,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from envs.protocol import to_observation, to_step_result
+
 
 def evaluate_hf(model, tokenizer, env_name: str, env_config: Mapping[str, Any],
                 seeds: Sequence[int], max_new_tokens: int = 256, *,
@@ -93,12 +95,12 @@ class InProcessEnvs:
         return self.envs[slot].system_prompt()
 
     async def reset(self, slots, seeds):
-        return [self.envs[s].reset(seed) for s, seed in zip(slots, seeds)]
+        return [to_observation(self.envs[s].reset(seed=seed)[0]) for s, seed in zip(slots, seeds)]
 
     async def step(self, slots, texts):
         from actors.episode import judge_scores
 
-        results = [self.envs[s].step(text) for s, text in zip(slots, texts)]
+        results = [to_step_result(self.envs[s].step(text)) for s, text in zip(slots, texts)]
         for result in results:
             for name, value in judge_scores(result.info["metrics"]).items():
                 self.scores.setdefault(name, []).append(value)

@@ -27,6 +27,7 @@ from envs.registry import resolve_config
 from envs.service import LocalEnvClient, RemoteEnvClient
 from envs.wire import EpisodeFailure
 from envs.worker import make_env
+from tests.envs_api import env_reset, env_step
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS, ENVS_PER_WORKER = 2, 4
@@ -90,8 +91,8 @@ async def bench_env(label: str, name: str, overrides: dict, seconds: float) -> l
     config = resolve_config(name, overrides)
     n = WORKERS * ENVS_PER_WORKER
     envs = [make_env((name, config)) for _ in range(n)]
-    reset = _as_async(lambda slots, seeds: [envs[i].reset(x) for i, x in zip(slots, seeds)])
-    step = _as_async(lambda slots, texts: [envs[i].step(t) for i, t in zip(slots, texts)])
+    reset = _as_async(lambda slots, seeds: [env_reset(envs[i], x) for i, x in zip(slots, seeds)])
+    step = _as_async(lambda slots, texts: [env_step(envs[i], t) for i, t in zip(slots, texts)])
     base = await best_of(RUNS, reset, step, n, n, seconds)
     rows = [{"env": label, "path": "in-process", "per call": n, "steps/s": base}]
     with EnvPool((name, config), num_workers=WORKERS, envs_per_worker=ENVS_PER_WORKER) as pool:

@@ -15,6 +15,7 @@ from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
 from launch.tiny_tokenizer import build_tokenizer
 from transport.channels import trajectory_source
+from tests.envs_api import env_reset, env_step
 
 ANSWER = "<think>x</think><answer>Up</answer>"
 
@@ -91,12 +92,12 @@ class FakeEnvs:
 
     async def reset(self, slots, seeds):
         self.seeds[slots[0]] = seeds[0]
-        return [self._env(slots[0]).reset(seeds[0])]
+        return [env_reset(self._env(slots[0]), seeds[0])]
 
     async def step(self, slots, texts):
         if self.seeds[slots[0]] == self.fail_seed:
             return [EpisodeFailure("worker_crashed")]
-        return [self._env(slots[0]).step(texts[0])]
+        return [env_step(self._env(slots[0]), texts[0])]
 
     async def stats(self):
         return {"steps": 0}
@@ -197,12 +198,12 @@ class FailSecondEpisode(FakeEnvs):
     async def reset(self, slots, seeds):
         self.resets = getattr(self, "resets", 0) + 1
         self.seeds[slots[0]] = "fail" if self.resets == 2 else seeds[0]
-        return [self._env(slots[0]).reset(seeds[0])]
+        return [env_reset(self._env(slots[0]), seeds[0])]
 
     async def step(self, slots, texts):
         if self.seeds[slots[0]] == "fail":
             return [EpisodeFailure("worker_crashed")]
-        return [self._env(slots[0]).step(texts[0])]
+        return [env_step(self._env(slots[0]), texts[0])]
 
 
 @pytest.mark.parametrize("whole_groups", [True, False])

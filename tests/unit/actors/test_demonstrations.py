@@ -15,6 +15,7 @@ from envs.formats import FORMATS, parse
 from envs.registry import load_config, make
 from launch.tiny_tokenizer import build_tokenizer
 from transport.images import collapse_pads
+from tests.envs_api import env_reset, env_step
 
 ENVS = ("frozenlake", "sokoban")
 SEEDS = range(12)
@@ -37,15 +38,15 @@ def _answers(traj, tokenizer) -> list[str]:
 def _replay(name, config, traj, tokenizer):
     """Step a fresh env with the demonstration's answers; yields (answer, state before, step)."""
     env = make(name, **config)
-    env.reset(traj.seed)
+    env_reset(env, traj.seed)
     for answer in _answers(traj, tokenizer):
         before = env.state_text()
-        yield answer, before, env.step(answer), env
+        yield answer, before, env_step(env, answer), env
 
 
 def _solution_fits(name, config, seed) -> bool:
     env = make(name, **config)
-    env.reset(seed)
+    env_reset(env, seed)
     return len(env.solve()) <= env.max_turns * env.max_actions
 
 
@@ -94,7 +95,7 @@ def test_offsets_reasoning_counts_from_the_true_state(tokenizer, name):
     turns = 0
     for traj, other in zip(demos, plain):
         env = make(name, **config)
-        env.reset(traj.seed)
+        env_reset(env, traj.seed)
         for answer, relation_answer in zip(_answers(traj, tokenizer), _answers(other, tokenizer)):
             player, objects = env.game.objects()
             kind, pos = objects[0]
@@ -102,7 +103,7 @@ def test_offsets_reasoning_counts_from_the_true_state(tokenizer, name):
             assert reasoning.startswith(f"The {kind} is {offsets(player, pos)}, ")
             assert re.sub(r"<reasoning>.*?</reasoning>", "", answer) == \
                 re.sub(r"<reasoning>.*?</reasoning>", "", relation_answer)
-            env.step(answer)
+            env_step(env, answer)
             turns += 1
     assert turns > len(SEEDS)
     with pytest.raises(ValueError, match="reasoning"):
@@ -122,9 +123,9 @@ def test_loss_mask_covers_exactly_the_answers_and_their_end_of_turn(tokenizer):
         # answers), up to the glue after the last answer.
         env = make("frozenlake", **config)
         msgs = [{"role": "system", "content": env.system_prompt()},
-                {"role": "user", "content": env.reset(traj.seed).text}]
+                {"role": "user", "content": env_reset(env, traj.seed).text}]
         for a in answers:
-            step = env.step(a)
+            step = env_step(env, a)
             msgs.append({"role": "assistant", "content": a})
             if not step.done:
                 msgs.append({"role": "user", "content": step.observation.text})
@@ -145,7 +146,7 @@ def test_full_noise_gives_random_actions(tokenizer, name):
     for traj in demos:
         answer, *_ = next(_replay(name, config, traj, tokenizer))
         first.append(parse(answer, config["format"]).actions[0])
-    counts = np.array([first.count(a) for a in make(name, **config).action_space])
+    counts = np.array([first.count(a) for a in make(name, **config).action_names])
     assert counts.min() >= 4  # 40 uniform draws over 4 actions: each seen (p of failing < 1e-3)
     assert np.mean([d.metrics["success"] for d in demos]) < 0.5
 
@@ -180,7 +181,7 @@ def test_systematic_mistakes_are_the_named_error_and_nothing_else(tokenizer, nam
         wrong, chosen = [], []  # per action: the mistake, and whether it was played (if it differs)
         for traj in demos:
             env = make(name, **config)
-            env.reset(traj.seed)
+            env_reset(env, traj.seed)
             previous = None
             for answer in _answers(traj, tokenizer):
                 sim = copy.deepcopy(env.game)
@@ -194,7 +195,7 @@ def test_systematic_mistakes_are_the_named_error_and_nothing_else(tokenizer, nam
                             chosen.append(action == mistake_action)
                     sim.move(action)
                     previous = action
-                env.step(answer)
+                env_step(env, answer)
         if noise == 1.0:
             assert all(wrong)
         else:
@@ -260,13 +261,13 @@ def test_image_demonstrations_are_the_processors_ids_of_the_conversation(vl_path
     for traj in demos:
         answers = _answers(traj, tok)
         env = make(name, **config)
-        obs = env.reset(traj.seed)
+        obs = env_reset(env, traj.seed)
         msgs, images = [{"role": "system", "content": env.system_prompt()}], []
         for a in answers:
             msgs.append({"role": "user", "content": obs.text.replace("<image>", vision.placeholder)})
             msgs.append({"role": "assistant", "content": a})
             images += obs.images
-            obs = env.step(a).observation
+            obs = env_step(env, a).observation
         text = processor.apply_chat_template(msgs, tokenize=False)
         assert text.endswith("<|im_end|>\n")  # the glue after the last answer is not the model's
         expected = processor(text=[text[:-1]], images=images, return_tensors="np")["input_ids"][0]

@@ -10,6 +10,7 @@ from actors.episode import ChatContext, Generation, run_episode
 from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
 from launch.tiny_tokenizer import build_tokenizer
+from tests.envs_api import env_reset, env_step
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +28,13 @@ class OneEnvClient:
         return self.env.system_prompt()
 
     async def reset(self, slots, seeds):
-        return [self.env.reset(seeds[0])]
+        return [env_reset(self.env, seeds[0])]
 
     async def step(self, slots, texts):
         self.steps += 1
         if self.steps == self.fail_step_at:
             return [EpisodeFailure("worker_crashed")]
-        return [self.env.step(texts[0])]
+        return [env_step(self.env, texts[0])]
 
 
 def scripted(tokenizer, answers: list[str], version: int = 7, stop: bool = True):
@@ -51,7 +52,7 @@ def scripted(tokenizer, answers: list[str], version: int = 7, stop: bool = True)
 
 def _solution_answers(seed: int) -> list[str]:
     env = make("frozenlake", **load_config("frozenlake"))
-    env.reset(seed)
+    env_reset(env, seed)
     moves = env.game.solve()
     return [f"<think><observation>{env.state_text()}</observation><reasoning>go</reasoning>"
             f"<prediction>closer</prediction></think><answer>{','.join(moves[i:i + 1])}</answer>"
@@ -71,10 +72,10 @@ def test_context_equals_the_chat_template_of_the_whole_conversation(tokenizer, p
     # Rebuild the conversation as messages and render it in one go: same text as our ids.
     env2 = make("frozenlake", **load_config("frozenlake") | {"prompt": prompt})
     system = [{"role": "system", "content": env2.system_prompt()}] if prompt != "none" else []
-    msgs = [*system, {"role": "user", "content": env2.reset(5).text}]
+    msgs = [*system, {"role": "user", "content": env_reset(env2, 5).text}]
     for a in answers[:n]:
         msgs.append({"role": "assistant", "content": a})
-        step = env2.step(a)
+        step = env_step(env2, a)
         if step.done:
             break
         msgs.append({"role": "user", "content": step.observation.text})
@@ -122,8 +123,8 @@ def test_rewards_and_success_of_a_solved_episode(tokenizer):
     result = asyncio.run(run_episode(generate, OneEnvClient(env), 0, 3, tokenizer,
                                      max_turns=3, max_context=4096))
     ref = make("frozenlake", **load_config("frozenlake"))
-    ref.reset(3)
-    expected = [ref.step(a).reward for a in answers[:3]]
+    env_reset(ref, 3)
+    expected = [env_step(ref, a).reward for a in answers[:3]]
     assert result.trajectory.turn_rewards.tolist() == pytest.approx(expected[:len(result.trajectory.turn_rewards)])
     assert result.metrics["success"] == (1.0 if len(answers) <= 3 else 0.0)
 
@@ -164,7 +165,7 @@ def test_reasoning_scores_are_the_mean_over_turns_of_the_judges(tokenizer):
     """Turn 1 states the true map (observation score 1), turn 2 a wrong one (0), turn 3 is out
     of format (0): the episode's observation_score is 1/3. No judge: no score keys."""
     env = make("frozenlake", **load_config("frozenlake"))
-    env.reset(3)
+    env_reset(env, 3)
     truth = env.state_text()
     answers = [f"<think><observation>{truth}</observation><reasoning>go</reasoning>"
                "<prediction>closer</prediction></think><answer>Down</answer>",

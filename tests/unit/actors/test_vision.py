@@ -13,6 +13,7 @@ from envs.registry import load_config
 from launch.tiny_model import build_tiny_model
 from tests.unit.actors.test_episode import OneEnvClient
 from transport.images import decode_image
+from tests.envs_api import env_reset, env_step
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_first_observation_matches_the_processor(vl_path, image_env):
 
     processor = AutoProcessor.from_pretrained(vl_path)
     vision = VisionTokens.from_pretrained(vl_path)
-    obs = image_env.reset(3)
+    obs = env_reset(image_env, 3)
     assert len(obs.images) == 1
     ctx = ChatContext(processor.tokenizer, image_env.system_prompt(), vision)
     ctx.add_observation(obs.text, obs.images)
@@ -52,12 +53,12 @@ def test_images_accumulate_over_turns(vl_path, image_env):
 
     vision = VisionTokens.from_pretrained(vl_path)
     tokenizer = AutoTokenizer.from_pretrained(vl_path)
-    obs = image_env.reset(5)
+    obs = env_reset(image_env, 5)
     ctx = ChatContext(tokenizer, image_env.system_prompt(), vision)
     ctx.add_observation(obs.text, obs.images)
     answer = tokenizer.encode("<answer>Left</answer>", add_special_tokens=False)
     ctx.add_generation(Generation(answer, [-0.5] * len(answer), [0] * len(answer), stopped=False))
-    second = image_env.step("<answer>Left</answer>").observation
+    second = env_step(image_env, "<answer>Left</answer>").observation
     ctx.add_observation(second.text, second.images)
     assert len(ctx.images) == 2
 
@@ -79,7 +80,7 @@ def test_images_accumulate_over_turns(vl_path, image_env):
 def test_images_without_a_vision_model_raise(vl_path, image_env):
     from transformers import AutoTokenizer
 
-    obs = image_env.reset(1)
+    obs = env_reset(image_env, 1)
     ctx = ChatContext(AutoTokenizer.from_pretrained(vl_path), None)
     with pytest.raises(ValueError, match="no image processor"):
         ctx.add_observation(obs.text, obs.images)

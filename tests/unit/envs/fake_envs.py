@@ -13,11 +13,12 @@ import time
 
 import numpy as np
 
-from envs.protocol import IMAGE_PLACEHOLDER, Observation, StepResult
+from envs.protocol import IMAGE_PLACEHOLDER, StepResult
 
 
 class CounterEnv:
-    """Counts: reset(seed) starts at seed; each step adds len(text); done after ``max_steps``."""
+    """Counts: reset(seed=s) starts at s; each step adds len(text); done after ``max_steps``.
+    The gymnasium signatures of envs/protocol.py's Env, without subclassing gymnasium.Env."""
 
     def __init__(self, max_steps: int = 3, image: bool = False) -> None:
         self.max_steps = max_steps
@@ -28,23 +29,23 @@ class CounterEnv:
     def system_prompt(self) -> str:
         return f"count to {self.max_steps}"
 
-    def _obs(self) -> Observation:
+    def _obs(self) -> dict:
         if not self.image:
-            return Observation(text=f"value={self.value}")
+            return {"text": f"value={self.value}", "images": ()}
         img = np.full((2, 3, 3), self.value % 256, dtype=np.uint8)
-        return Observation(text=f"value={self.value} {IMAGE_PLACEHOLDER}", images=[img])
+        return {"text": f"value={self.value} {IMAGE_PLACEHOLDER}", "images": (img,)}
 
-    def reset(self, seed: int) -> Observation:
+    def reset(self, *, seed: int, options=None) -> tuple[dict, dict]:
         self.value, self.steps = seed, 0
-        return self._obs()
+        return self._obs(), {}
 
-    def step(self, llm_text: str) -> StepResult:
+    def step(self, llm_text: str) -> tuple[dict, float, bool, bool, dict]:
         self._misbehave(llm_text)
         self.value += len(llm_text)
         self.steps += 1
         info = {"success": False, "format_correct": True, "actions_valid": True,
                 "actions": [llm_text], "metrics": {"n_actions": 1.0}}
-        return StepResult(self._obs(), float(len(llm_text)), self.steps >= self.max_steps, info)
+        return self._obs(), float(len(llm_text)), self.steps >= self.max_steps, False, info
 
     def _misbehave(self, llm_text: str) -> None:
         pass
@@ -60,15 +61,15 @@ class RaisingEnv(CounterEnv):
     """Raises RuntimeError on a step whose text is "raise" (and on reset with seed -1); answers
     "unencodable" with an info the wire cannot carry."""
 
-    def reset(self, seed: int) -> Observation:
+    def reset(self, *, seed: int, options=None) -> tuple[dict, dict]:
         if seed == -1:
             raise RuntimeError("bad seed")
-        return super().reset(seed)
+        return super().reset(seed=seed)
 
-    def step(self, llm_text: str) -> StepResult:
+    def step(self, llm_text: str) -> tuple[dict, float, bool, bool, dict]:
         result = super().step(llm_text)
         if llm_text == "unencodable":
-            result.info["oops"] = object()
+            result[-1]["oops"] = object()
         return result
 
     def _misbehave(self, llm_text: str) -> None:

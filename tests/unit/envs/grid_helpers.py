@@ -1,4 +1,5 @@
 """Shared by the grid-game tests: a correct answer, and an env set to a hand-drawn state."""
+from tests.envs_api import env_reset, env_step
 
 
 def answer(actions: list[str]) -> str:
@@ -12,6 +13,6 @@ def answer(actions: list[str]) -> str:
 def env_at(make_env, rows: str, **config):
     """An env (from the game's ``make_env``) whose state is the symbol grid ``rows``."""
     env = make_env(size=len(rows.split()), reasoning_reward=None, **config)
-    env.reset(0)
+    env_reset(env, 0)
     env.game.load(rows)
     return env

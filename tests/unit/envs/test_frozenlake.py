@@ -8,6 +8,7 @@ import pytest
 from envs.frozenlake import FrozenLake, make_env
 from tests.unit.envs import grid_helpers
 from tests.unit.envs.grid_helpers import answer
+from tests.envs_api import env_reset, env_step
 
 
 def env_at(rows: str, **config):
@@ -18,7 +19,7 @@ def play(env, plan: list[str]) -> list:
     """Run ``plan`` through ``step`` in chunks of ``max_actions``; the step results."""
     results = []
     for i in range(0, len(plan), env.max_actions):
-        results.append(env.step(answer(plan[i : i + env.max_actions])))
+        results.append(env_step(env, answer(plan[i : i + env.max_actions])))
     return results
 
 
@@ -26,7 +27,7 @@ def play(env, plan: list[str]) -> list:
 def test_every_map_is_solvable_and_its_plan_reaches_the_goal(size, seeds, max_len):
     for seed in range(seeds):
         env = make_env(size=size, max_solution_length=max_len, max_turns=20, reasoning_reward=None)
-        env.reset(seed)
+        env_reset(env, seed)
         plan = env.solve()
         assert plan and (max_len is None or len(plan) <= max_len)
         results = play(env, plan)
@@ -40,7 +41,7 @@ def test_every_map_is_solvable_and_its_plan_reaches_the_goal(size, seeds, max_le
 def test_text_render_and_legend_are_exact():
     env = env_at("P_O_\n____\n__OG\nO___")
     assert env.game.text() == "P_O_\n____\n__OG\nO___"
-    observation = env.step("not an answer").observation  # executes nothing, shows the state
+    observation = env_step(env, "not an answer").observation  # executes nothing, shows the state
     assert "\nP_O_\n____\n__OG\nO___\n" in observation.text
     legend = "P: the player\n_: frozen ice (safe)\nO: a hole\nG: the goal\n"
     legend += "X: the player fallen into a hole\n√: the player on the goal"
@@ -55,7 +56,7 @@ def test_text_render_and_legend_are_exact():
 
 def test_falling_into_a_hole_ends_the_episode_and_stops_the_turn():
     env = env_at("P_\nOG")
-    result = env.step(answer(["Down", "Right", "Up"]))
+    result = env_step(env, answer(["Down", "Right", "Up"]))
     assert result.done and not result.info["success"]
     assert result.info["actions"] == ["Down"]
     assert result.info["metrics"]["env_reward"] == pytest.approx(-0.1)  # one action executed
@@ -64,7 +65,7 @@ def test_falling_into_a_hole_ends_the_episode_and_stops_the_turn():
 
 def test_the_border_leaves_the_player_in_place_and_steps_cost_the_penalty():
     env = env_at("P__\n___\n__G", step_penalty=-0.1)
-    result = env.step(answer(["Up", "Left"]))
+    result = env_step(env, answer(["Up", "Left"]))
     assert not result.done and result.info["actions"] == ["Up", "Left"]
     assert env.game.text() == "P__\n___\n__G"
     assert result.info["metrics"]["env_reward"] == pytest.approx(-0.2)
@@ -72,7 +73,7 @@ def test_the_border_leaves_the_player_in_place_and_steps_cost_the_penalty():
 
 def test_reaching_the_goal_pays_ten_and_ends_the_turn_there():
     env = env_at("P_G\n___\n___")
-    result = env.step(answer(["Right", "Right", "Left"]))
+    result = env_step(env, answer(["Right", "Right", "Left"]))
     assert result.done and result.info["success"]
     assert result.info["actions"] == ["Right", "Right"]
     assert result.info["metrics"]["env_reward"] == pytest.approx(9.8)  # 10 - 2 actions * 0.1
@@ -100,7 +101,7 @@ def test_slippery_moves_are_seeded_and_one_third_intended():
 
 def test_image_render_colours_each_kind():
     env = env_at("P_\nOG", render="image", image_size=64)
-    image = env.step("not an answer").observation.images[0]
+    image = env_step(env, "not an answer").observation.images[0]
     centre = {pos: tuple(image[16 + 32 * pos[0], 16 + 32 * pos[1]]) for pos in np.ndindex(2, 2)}
     corner = {pos: tuple(image[4 + 32 * pos[0], 4 + 32 * pos[1]]) for pos in np.ndindex(2, 2)}
     assert centre[0, 0] == (220, 60, 60)  # the player's circle

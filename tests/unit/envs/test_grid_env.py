@@ -14,6 +14,7 @@ import pytest
 from envs.grid import Tile, bfs, from_text, render_rgb, to_text
 from envs.protocol import IMAGE_PLACEHOLDER, Env
 from envs.registry import make
+from tests.envs_api import env_reset, env_step
 
 ENVS = ("frozenlake", "sokoban")
 
@@ -66,15 +67,15 @@ def test_bfs_finds_a_shortest_plan_or_none():
 def test_env_satisfies_the_protocol(name):
     env = make(name)
     assert isinstance(env, Env)
-    assert set(env.action_space) == {"Up", "Down", "Left", "Right"}
+    assert set(env.action_names) == {"Up", "Down", "Left", "Right"}
 
 
 @pytest.mark.parametrize("name", ENVS)
 def test_wrong_format_executes_nothing_and_earns_nothing(name):
     env = make(name, reasoning_reward=None)
-    env.reset(5)
+    env_reset(env, 5)
     grid = env.game.text()
-    result = env.step(f"<answer>{env.solve()[0]}</answer>")  # no <think>: wrong format
+    result = env_step(env, f"<answer>{env.solve()[0]}</answer>")  # no <think>: wrong format
     assert env.game.text() == grid
     assert result.reward == 0.0 and not result.done
     assert result.info["format_correct"] is False and result.info["actions_valid"] is False
@@ -86,10 +87,10 @@ def test_wrong_format_executes_nothing_and_earns_nothing(name):
 @pytest.mark.parametrize("name", ENVS)
 def test_invalid_action_runs_the_valid_prefix_without_format_reward(name):
     env, twin = make(name, reasoning_reward=None), make(name, reasoning_reward=None)
-    env.reset(7), twin.reset(7)
+    env_reset(env, 7), env_reset(twin, 7)
     first = env.solve()[0]
-    expected = twin.step(answer([first])).info["metrics"]["env_reward"]
-    result = env.step(answer([first.lower(), "Jump", first]))
+    expected = env_step(twin, answer([first])).info["metrics"]["env_reward"]
+    result = env_step(env, answer([first.lower(), "Jump", first]))
     assert result.info["actions"] == [first]  # matched case-insensitively, stopped at "Jump"
     assert result.info["actions_valid"] is False and result.info["format_correct"] is True
     assert result.info["metrics"]["format_reward"] == 0.0
@@ -102,23 +103,23 @@ def test_invalid_action_runs_the_valid_prefix_without_format_reward(name):
 def test_turn_limit_and_stepping_after_the_end(name):
     env = make(name, max_turns=2)
     with pytest.raises(RuntimeError, match="before reset"):
-        env.step(answer(["Up"]))
-    env.reset(0)
-    assert not env.step("nonsense").done
-    last = env.step("nonsense")
+        env_step(env, answer(["Up"]))
+    env_reset(env, 0)
+    assert not env_step(env, "nonsense").done
+    last = env_step(env, "nonsense")
     assert last.done and not last.info["success"]
     assert last.info["metrics"]["turn"] == 2.0
     with pytest.raises(RuntimeError, match="ended"):
-        env.step(answer(["Up"]))
+        env_step(env, answer(["Up"]))
 
 
 @pytest.mark.parametrize("name", ENVS)
 def test_perfect_descriptions_earn_the_full_reasoning_reward(name):
     env, twin = make(name), make(name, reasoning_reward=None)
-    env.reset(11), twin.reset(11)
+    env_reset(env, 11), env_reset(twin, 11)
     actions = env.solve()[:2]
-    twin.step(answer(actions))
-    result = env.step(answer(actions, env.state_text(), twin.state_text()))
+    env_step(twin, answer(actions))
+    result = env_step(env, answer(actions, env.state_text(), twin.state_text()))
     metrics = result.info["metrics"]
     assert metrics["reasoning_reward"] == pytest.approx(1.0)
     assert metrics["reasoning/observation_score"] == 1.0
@@ -129,15 +130,15 @@ def test_perfect_descriptions_earn_the_full_reasoning_reward(name):
 @pytest.mark.parametrize("name", ENVS)
 def test_reasoning_reward_follows_the_format_and_can_be_disabled(name):
     env = make(name, format="worldmodeling")
-    env.reset(3)
+    env_reset(env, 3)
     text = f"<think><reasoning>Go.</reasoning><prediction>{env.state_text()}</prediction></think>"
-    metrics = env.step(text + f"<answer>{env.solve()[0]}</answer>").info["metrics"]
+    metrics = env_step(env, text + f"<answer>{env.solve()[0]}</answer>").info["metrics"]
     assert "reasoning/prediction_score" in metrics
     assert "reasoning/observation_score" not in metrics  # no <observation> in this format
 
     env = make(name, reasoning_reward=None)
-    env.reset(3)
-    metrics = env.step(answer([env.solve()[0]], env.state_text())).info["metrics"]
+    env_reset(env, 3)
+    metrics = env_step(env, answer([env.solve()[0]], env.state_text())).info["metrics"]
     assert metrics["reasoning_reward"] == 0.0
     assert not any(key.startswith("reasoning/") for key in metrics)
 
@@ -146,10 +147,10 @@ def test_reasoning_reward_follows_the_format_and_can_be_disabled(name):
 def test_same_seed_same_episode_and_different_seeds_differ(name):
     def play(seed: int) -> list:
         env = make(name, render="image", max_turns=5)
-        obs = env.reset(seed)
+        obs = env_reset(env, seed)
         trace = [obs.text, obs.images[0].tobytes(), env.game.text(), env.state_text()]
         for actions in (["Up", "Left"], ["Down", "Right", "Down"], ["Left"]):
-            result = env.step(answer(actions))
+            result = env_step(env, answer(actions))
             trace += [result.observation.images[0].tobytes(), env.game.text(), result.reward]
             if result.done:
                 break
@@ -159,7 +160,7 @@ def test_same_seed_same_episode_and_different_seeds_differ(name):
     firsts = set()
     for seed in range(20):
         env = make(name)
-        env.reset(seed)
+        env_reset(env, seed)
         firsts.add(env.game.text())
     assert len(firsts) > 10
 
@@ -176,9 +177,9 @@ def is_plain(value) -> bool:
 @pytest.mark.parametrize("name", ENVS)
 def test_step_results_are_plain_data(name):
     env = make(name, max_turns=4)
-    env.reset(2)
+    env_reset(env, 2)
     for text in ("junk", answer(["Up", "Jump"]), answer(env.solve()[:3]), answer(["Left"])):
-        result = env.step(text)
+        result = env_step(env, text)
         assert type(result.reward) is float and type(result.done) is bool
         assert is_plain(result.info)
         assert all(type(v) is float for v in result.info["metrics"].values())
@@ -192,7 +193,7 @@ def test_episodes_do_not_depend_on_the_process_hash_seed():
         "for name in ('frozenlake', 'sokoban'):\n"
         "    for seed in range(20):\n"
         "        env = make(name, num_boxes=2, size=7) if name == 'sokoban' else make(name)\n"
-        "        env.reset(seed)\n"
+        "        env.reset(seed=seed)\n"
         "        print(env.game.text(), env.state_text(), env.solve())\n"
     )
     root = Path(__file__).resolve().parents[3]
@@ -213,18 +214,18 @@ def test_episodes_do_not_depend_on_the_process_hash_seed():
 @pytest.mark.parametrize("name", ENVS)
 def test_observations_render_the_state_and_remind_the_format(name):
     env = make(name)
-    obs = env.reset(1)
+    obs = env_reset(env, 1)
     assert env.game.text() in obs.text and obs.images == []
     assert "<think><observation>...</observation>" in obs.text and "Turn 1 of 3" in obs.text
     assert env.game.text_legend in env.system_prompt()
     assert "Answer format:" in env.system_prompt()
 
     env = make(name, render="image", image_size=64)
-    obs = env.reset(1)
+    obs = env_reset(env, 1)
     assert obs.text.count(IMAGE_PLACEHOLDER) == 1 and len(obs.images) == 1
     assert obs.images[0].shape == (64, 64, 3) and obs.images[0].dtype == np.uint8
     assert env.game.image_legend in env.system_prompt()
-    result = env.step(answer([env.solve()[0]]))
+    result = env_step(env, answer([env.solve()[0]]))
     assert len(result.observation.images) == 1
 
 
@@ -237,11 +238,11 @@ def test_brief_prompt_keeps_rules_legend_and_template_once_and_plays_the_same(na
     for part in (brief.game.task, brief.game.text_legend, "Actions: "):
         assert part in brief.system_prompt() and part in full.system_prompt()
     assert len(brief.system_prompt()) < len(full.system_prompt()) / 2
-    obs_full, obs_brief = full.reset(3), brief.reset(3)
+    obs_full, obs_brief = env_reset(full, 3), env_reset(brief, 3)
     assert template in obs_full.text and "Reply" not in obs_brief.text
     assert obs_full.text.startswith(obs_brief.text)
     text = answer(full.solve())
-    a, b = full.step(text), brief.step(text)
+    a, b = env_step(full, text), env_step(brief, text)
     assert (a.reward, a.done, a.info["success"]) == (b.reward, b.done, b.info["success"])
 
 
@@ -249,11 +250,11 @@ def test_brief_prompt_keeps_rules_legend_and_template_once_and_plays_the_same(na
 def test_no_prompt_gives_the_turn_and_state_only_and_plays_the_same(name):
     brief, bare = make(name, prompt="brief"), make(name, prompt="none")
     assert bare.system_prompt() == ""
-    first_brief, first_bare = brief.reset(5), bare.reset(5)
+    first_brief, first_bare = env_reset(brief, 5), env_reset(bare, 5)
     assert first_bare.text == first_brief.text
     assert first_bare.text.splitlines()[:2] == ["Turn 1 of 3.", "The current state:"]
     text = answer(brief.solve()[:1])
-    a, b = brief.step(text), bare.step(text)
+    a, b = env_step(brief, text), env_step(bare, text)
     assert (a.reward, a.done, a.info["success"], a.observation.text) == \
         (b.reward, b.done, b.info["success"], b.observation.text)
 

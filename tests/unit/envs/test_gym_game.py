@@ -13,6 +13,7 @@ import pytest
 
 from envs.gym_game import make_env
 from envs.registry import check_config, make, resolve_config
+from tests.envs_api import env_reset, env_step
 
 CLIFF = dict(id="CliffWalking-v1", format="no_think", max_turns=5, max_actions_per_turn=3,
              prompt="brief")
@@ -24,28 +25,28 @@ def _answer(*actions: str) -> str:
 
 def test_the_walk_along_the_cliff_succeeds_in_five_turns():
     env = make_env(**CLIFF)
-    first = env.reset(seed=0)
+    first = env_reset(env, 0)
     rows = first.text.split("The current state:\n")[1].splitlines()[:4]
     assert rows[3].split() == ["x"] + ["C"] * 10 + ["T"]  # the player at the start
     turns = [("Up", "Right", "Right"), ("Right",) * 3, ("Right",) * 3, ("Right",) * 3, ("Right", "Down")]
-    results = [env.step(_answer(*t)) for t in turns]
+    results = [env_step(env, _answer(*t)) for t in turns]
     assert [r.info["actions"] for r in results] == [list(t) for t in turns]
     # -1 per move (the goal's step too) + 0.5 format reward per turn
     assert [r.reward for r in results] == [-2.5, -2.5, -2.5, -2.5, -1.5]
     assert [r.done for r in results] == [False] * 4 + [True]
     assert [r.info["success"] for r in results] == [False] * 4 + [True]
     with pytest.raises(RuntimeError, match="ended"):
-        env.step(_answer("Up"))
+        env_step(env, _answer("Up"))
 
 
 def test_a_step_off_the_cliff_costs_100_and_a_bad_answer_executes_nothing():
     env = make_env(**CLIFF)
     env.reset(seed=0)
-    fall = env.step(_answer("Right"))  # from the start, right is the cliff
+    fall = env_step(env, _answer("Right"))  # from the start, right is the cliff
     assert fall.reward == -100 + 0.5 and not fall.done and fall.info["actions"] == ["Right"]
-    unknown = env.step(_answer("Jump"))
+    unknown = env_step(env, _answer("Jump"))
     assert (unknown.reward, unknown.info["actions"], unknown.info["actions_valid"]) == (0.0, [], False)
-    garbage = env.step("walk right a bit")
+    garbage = env_step(env, "walk right a bit")
     assert (garbage.reward, garbage.info["actions"], garbage.info["format_correct"]) == (0.0, [], False)
     assert "not in the required format" in garbage.observation.text
 
@@ -54,9 +55,9 @@ def test_a_seed_replays_its_slippery_episode():
     def play(seed: int) -> list[str]:
         env = make_env(id="FrozenLake-v1", kwargs={"is_slippery": True}, success="positive_reward",
                        format="no_think", max_turns=4, max_actions_per_turn=3, prompt="none")
-        texts = [env.reset(seed=seed).text]
+        texts = [env_reset(env, seed).text]
         for _ in range(4):
-            result = env.step(_answer("Right", "Down", "Right"))
+            result = env_step(env, _answer("Right", "Down", "Right"))
             texts.append(result.observation.text)
             if result.done:
                 break
@@ -103,7 +104,7 @@ def test_an_env_of_ones_own_plugs_in_by_entry_point_with_its_names_and_state():
     start = env.state_text()
     steps = int(start.split()[3])  # "the agent is N cells from the end"
     assert "Actions: Back, Forward." in env.system_prompt()
-    result = env.step(_answer(*["Forward"] * steps))
+    result = env_step(env, _answer(*["Forward"] * steps))
     assert result.done and result.info["success"] and env.state_text().startswith("the agent is 0")
 
 
@@ -124,7 +125,7 @@ def test_a_config_the_layer_cannot_play_fails_naming_why(settings, message):
 
 def test_the_registry_builds_it_from_its_yaml_and_checks_overrides():
     env = make("gym", **resolve_config("gym", {"prompt": "none"}))
-    obs = env.reset(seed=1)
+    obs = env_reset(env, 1)
     assert "T" in obs.text and env.system_prompt() == ""
     env.close()
     check_config("gym", resolve_config("gym", {"id": "Taxi-v4", "success": "terminated"}))
@@ -135,7 +136,7 @@ def test_the_registry_builds_it_from_its_yaml_and_checks_overrides():
 def test_taxi_names_its_six_actions():
     env = make_env(id="Taxi-v4", format="no_think", max_turns=1, prompt="brief")
     env.reset(seed=0)
-    assert env.action_space == ("South", "North", "East", "West", "Pickup", "Dropoff")
-    result = env.step(_answer("Pickup"))  # no passenger here: -10, executed, not the end
+    assert env.action_names == ("South", "North", "East", "West", "Pickup", "Dropoff")
+    result = env_step(env, _answer("Pickup"))  # no passenger here: -10, executed, not the end
     assert result.reward == -10 + 0.5 and result.info["actions"] == ["Pickup"]
     assert np.isfinite(result.reward)

@@ -17,6 +17,7 @@ from envs.service import LocalEnvClient
 from envs.wire import EpisodeFailure, from_wire, to_wire
 from envs.worker import make_env
 from tests.unit.envs.fake_envs import CounterEnv, assert_same
+from tests.envs_api import env_reset, env_step
 
 FAKE = "tests.unit.envs.fake_envs:"
 
@@ -36,12 +37,12 @@ def _check_against_in_process(factory, seeds, turns, **kw) -> None:
     slots = list(range(len(seeds)))
     with EnvPool(factory, step_timeout_s=10.0, reset_timeout_s=10.0, **kw) as pool:
         for got, env, seed in zip(pool.reset(slots, seeds), local, seeds):
-            assert_same(got, env.reset(seed))
+            assert_same(got, env_reset(env, seed))
         live, steps = list(slots), 0  # slots whose episode is still running
         for texts in turns:
             results = pool.step(live, [texts[s] for s in live])
             for slot, got in zip(live, results):
-                assert_same(got, local[slot].step(texts[slot]))
+                assert_same(got, env_step(local[slot], texts[slot]))
             steps += len(live)
             live = [s for s, r in zip(live, results) if not r.done]
         assert pool.state_text(1) == local[1].state_text()
@@ -175,7 +176,7 @@ def test_bad_calls_raise():
 
 def test_wire_round_trip():
     env = CounterEnv(image=True)
-    for result in [env.reset(3), env.step("ab"), EpisodeFailure("timeout"), "some text"]:
+    for result in [env_reset(env, 3), env_step(env, "ab"), EpisodeFailure("timeout"), "some text"]:
         back = from_wire(to_wire(result))
         if isinstance(result, (Observation, StepResult)):
             assert_same(back, result)

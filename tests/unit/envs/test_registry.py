@@ -11,6 +11,7 @@ import envs
 from envs.grid_env import GridEnv
 from envs.protocol import Env
 from envs.registry import NAMES, load_config, make
+from tests.envs_api import env_reset, env_step
 
 
 def defaults(name: str) -> dict:
@@ -33,19 +34,19 @@ def test_yaml_mirrors_the_code_defaults_and_builds_the_env(name):
     config = load_config(name)
     code = defaults(name)
     assert config == {key: code[key] for key in config}
-    assert set(code) - set(config) <= {"action_example"}  # everything else is in the YAML
+    assert set(code) - set(config) <= {"action_example", "render_mode"}  # all else is in the YAML
     env = make(name, **config)
     assert isinstance(env, Env)
-    obs = env.reset(0)
+    obs = env_reset(env, 0)
     assert env.game.text() in obs.text
 
 
 def test_overrides_win_over_the_yaml():
     env = make("frozenlake", **{**load_config("frozenlake"), "size": 6, "render": "image"})
-    obs = env.reset(0)
+    obs = env_reset(env, 0)
     assert env.game.shape == (6, 6) and len(obs.images) == 1
     env = make("sokoban", **{**load_config("sokoban"), "num_boxes": 2, "size": 7})
-    env.reset(0)
+    env_reset(env, 0)
     assert len(env.game.boxes) == 2 and env.game.shape == (7, 7)
 
 
@@ -66,12 +67,12 @@ def test_step_delay_slows_reset_and_step_and_keeps_the_episode():
     plain = make("frozenlake", **load_config("frozenlake"))
     slow = make("frozenlake", step_delay_s=0.05, **load_config("frozenlake"))
     t0 = time.perf_counter()
-    obs = slow.reset(7)
-    result = slow.step("<answer>Up</answer>")
+    obs = env_reset(slow, 7)
+    result = env_step(slow, "<answer>Up</answer>")
     elapsed = time.perf_counter() - t0
     assert elapsed >= 0.1
-    assert obs.text == plain.reset(7).text
-    assert result.reward == plain.step("<answer>Up</answer>").reward
+    assert obs.text == env_reset(plain, 7).text
+    assert result.reward == env_step(plain, "<answer>Up</answer>").reward
     assert slow.system_prompt() == plain.system_prompt()
 
 

@@ -26,6 +26,7 @@ from envs.service import EnvServer, EnvServiceError, LocalEnvClient, RemoteEnvCl
 from envs.wire import EpisodeFailure
 from tests.unit.envs.fake_envs import CounterEnv, assert_same
 from transport.codec import decode, encode
+from tests.envs_api import env_reset, env_step
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -81,10 +82,10 @@ def test_round_trip_equals_in_process(server):
     async def run(c: RemoteEnvClient):
         assert await c.ping() == {"num_slots": 4}
         for got, env, seed in zip(await c.reset([0, 1, 2, 3], [5, 6, 7, 8]), local, [5, 6, 7, 8]):
-            assert_same(got, env.reset(seed))
+            assert_same(got, env_reset(env, seed))
         for texts in (["a", "bb", "", "dddd"], ["x", "y", "z", "w"]):
             for got, env, text in zip(await c.step([0, 1, 2, 3], texts), local, texts):
-                assert_same(got, env.step(text))
+                assert_same(got, env_step(env, text))
         assert await c.system_prompt(3) == local[3].system_prompt()
         assert await c.state_text(2) == local[2].state_text()
         stats = await c.stats()
@@ -232,8 +233,8 @@ def test_service_process_serves_frozenlake_and_stops_on_sigterm():
         answer = format_example("grounding_worldmodeling", action_example="Right,Down")
 
         async def run(c: RemoteEnvClient):
-            assert_same((await c.reset([1], [11]))[0], local.reset(11))
-            assert_same((await c.step([1], [answer]))[0], local.step(answer))
+            assert_same((await c.reset([1], [11]))[0], env_reset(local, 11))
+            assert_same((await c.step([1], [answer]))[0], env_step(local, answer))
             assert await c.system_prompt(0) == local.system_prompt()
 
         asyncio.run(_with_client(address, run, timeout_s=10))

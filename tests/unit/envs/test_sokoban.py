@@ -11,6 +11,7 @@ from envs.grid import MOVES, moved
 from envs.sokoban import Sokoban, make_env
 from tests.unit.envs import grid_helpers
 from tests.unit.envs.grid_helpers import answer
+from tests.envs_api import env_reset, env_step
 
 
 def env_at(rows: str, **config):
@@ -19,7 +20,7 @@ def env_at(rows: str, **config):
 
 def step(env, actions: list[str]):
     """(env reward, done, success, executed actions) of one turn."""
-    result = env.step(answer(actions))
+    result = env_step(env, answer(actions))
     info = result.info
     return info["metrics"]["env_reward"], result.done, info["success"], info["actions"]
 
@@ -49,7 +50,7 @@ def test_every_room_is_solvable_and_its_plan_solves_it(size, num_boxes, seeds, m
             max_turns=30,
             reasoning_reward=None,
         )
-        env.reset(seed)
+        env_reset(env, seed)
         game = env.game
         assert game.walls[[0, -1]].all() and game.walls[:, [0, -1]].all()
         assert connected({(int(r), int(c)) for r, c in np.argwhere(~game.walls)})
@@ -118,7 +119,7 @@ def test_text_legend_and_state_text_are_exact():
     legend = "#: wall\n_: floor\nO: target\nX: box\n√: box on a target\nP: the player\n"
     legend += "S: the player on a target"
     assert legend in env.system_prompt()
-    observation = env.step("not an answer").observation  # executes nothing, shows the state
+    observation = env_step(env, "not an answer").observation  # executes nothing, shows the state
     assert "\n######\n#_OXP#\n#__X_#\n#__O_#\n#____#\n######\n" in observation.text
     assert env.state_text() == (
         "The box is directly to the left of the player. "
@@ -130,7 +131,7 @@ def test_text_legend_and_state_text_are_exact():
 
 def test_image_render_colours_player_box_target_distinctly():
     env = env_at("######\n#PXO_#\n#√___#\n#____#\n#____#\n######", render="image", image_size=96)
-    image = env.step("not an answer").observation.images[0]
+    image = env_step(env, "not an answer").observation.images[0]
     centre = lambda r, c: tuple(image[16 * r + 8, 16 * c + 8])  # noqa: E731
     ring = lambda r, c: tuple(image[16 * r + 8, 16 * c + 2])  # noqa: E731 (inside the ring band)
     player, box, box_on_target = centre(1, 1), centre(1, 2), centre(2, 1)

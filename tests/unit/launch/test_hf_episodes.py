@@ -14,6 +14,7 @@ from envs.registry import load_config
 from launch.hf_episodes import evaluate_hf, play
 from launch.tiny_model import build_tiny_model
 from learner.models import token_logprobs
+from tests.envs_api import env_reset, env_step
 
 ENV = load_config("frozenlake") | {"prompt": "brief"}
 
@@ -115,13 +116,13 @@ def test_left_padded_image_rows_are_sampled_as_alone(vlm):
 
     _, model, tokenizer, vision = vlm
     env = make("frozenlake", **IMAGE_ENV)
-    obs = env.reset(3)
+    obs = env_reset(env, 3)
     short, long = (ChatContext(tokenizer, env.system_prompt(), vision) for _ in range(2))
     short.add_observation(obs.text, obs.images)
     long.add_observation(obs.text, obs.images)
     answer = tokenizer.encode("<answer>Left</answer>", add_special_tokens=False)
     long.add_generation(Generation(answer, [0.0] * len(answer), [0] * len(answer), stopped=False))
-    second = env.step("<answer>Left</answer>").observation
+    second = env_step(env, "<answer>Left</answer>").observation
     long.add_observation(second.text, second.images)
     rows = [short, long]
     assert len(long.token_ids) > len(short.token_ids) + 10

@@ -19,6 +19,7 @@ from launch.tiny_tokenizer import build_tokenizer
 from launch.train import compose
 from learner.batch import collate
 from learner.config import TrainerConfig
+from tests.envs_api import env_reset, env_step
 
 SEED = 11
 PRESETS = {  # name: (reasoning reward, multi-turn reward, estimator)
@@ -37,20 +38,20 @@ class OneEnv:
         return self.env.system_prompt()
 
     async def reset(self, slots, seeds):
-        return [self.env.reset(seeds[0])]
+        return [env_reset(self.env, seeds[0])]
 
     async def step(self, slots, texts):
-        return [self.env.step(texts[0])]
+        return [env_step(self.env, texts[0])]
 
 
 def _answers(config: dict) -> list[str]:
     """One solver move per turn, each answer stating the true state before and after it."""
     env, twin = make("frozenlake", **config), make("frozenlake", **config)
-    env.reset(SEED), twin.reset(SEED)
+    env_reset(env, SEED), env_reset(twin, SEED)
     out = []
     for move in env.solve()[:3]:
         before = twin.state_text()
-        twin.step(f"<think><observation>-</observation><reasoning>-</reasoning>"
+        env_step(twin, f"<think><observation>-</observation><reasoning>-</reasoning>"
                   f"<prediction>-</prediction></think><answer>{move}</answer>")
         out.append(f"<think><observation>{before}</observation><reasoning>go</reasoning>"
                    f"<prediction>{twin.state_text()}</prediction></think><answer>{move}</answer>")

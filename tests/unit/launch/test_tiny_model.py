@@ -203,7 +203,7 @@ def test_every_grid_cell_is_its_own_token(tokenizer):
     grids = ["P_OG\nX√__\n", "#_S√\nPX__\n#O##"]
     for name in ("frozenlake", "sokoban"):
         env = envs.make(name, **envs.registry.load_config(name))
-        grids += [env.reset(seed=int(s)).text for s in rng.integers(0, 10**6, 3)]
+        grids += [env.reset(seed=int(s))[0]["text"] for s in rng.integers(0, 10**6, 3)]
     for text in grids:
         for line in text.splitlines():
             if line and set(line) <= set(GRID_SYMBOLS):

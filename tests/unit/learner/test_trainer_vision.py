@@ -23,6 +23,7 @@ from launch.tiny_model import build_tiny_model
 from learner.config import TrainerConfig
 from learner.trainer import Trainer
 from transport.images import decode_image
+from tests.envs_api import env_reset, env_step
 
 ALGORITHMS = Path(__file__).resolve().parents[3] / "configs" / "algorithm"
 TEMPERATURE = 0.7
@@ -76,7 +77,7 @@ def _episodes(vl_path, hf, n: int, *, render: str = "image") -> list:
     env = envs.make("frozenlake", **(load_config("frozenlake") | {"render": render, "image_size": 56}))
     out = []
     for k in range(n):
-        obs = env.reset(k)
+        obs = env_reset(env, k)
         ctx = ChatContext(tokenizer, env.system_prompt(), vision)
         rewards = []
         for answer in ("Left", "Down" if k % 2 else "Right"):
@@ -85,7 +86,7 @@ def _episodes(vl_path, hf, n: int, *, render: str = "image") -> list:
             ids.append(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
             ctx.add_generation(Generation(ids, [0.0] * len(ids), [0] * len(ids), stopped=True))
             rewards.append(float(answer == "Down"))
-            obs = env.step(f"<answer>{answer}</answer>").observation
+            obs = env_step(env, f"<answer>{answer}</answer>").observation
         traj = ctx.to_trajectory(rewards, run_id="t", actor_id=0, episode_id=k, env_name="frozenlake",
                                  seed=k, group_id=k // 2)
         lp = np.where(traj.loss_mask, _hf_logprobs(hf, traj), 0.0).astype(np.float32)
