@@ -80,6 +80,10 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
     if reasoning not in REASONING:
         raise ValueError(f"reasoning must be one of {REASONING}, got {reasoning!r}")
     env = make(env_name, **env_config)
+    if not getattr(env, "has_solver", False):
+        env.close()
+        raise ValueError(f"the {env_name} env has no solver to demonstrate with: train it without "
+                         "a warm start (warm_start.enabled=false)")
     if env.format not in (*_SECTIONS, "no_think", "free_think"):
         raise ValueError(f"no demonstrations for format {env.format!r} (of {FORMATS})")
     k = env.max_actions if actions_per_turn is None else actions_per_turn

@@ -12,7 +12,7 @@ import pytest
 
 from actors.demonstrations import make_demonstrations, offsets
 from envs.formats import FORMATS, parse
-from envs.registry import load_config, make
+from envs.registry import load_config, make, resolve_config
 from launch.tiny_tokenizer import build_tokenizer
 from transport.images import collapse_pads
 from tests.envs_api import env_reset, env_step
@@ -308,3 +308,9 @@ def test_image_observations_need_the_models_vision_tokens(tokenizer):
     config = _image_config("frozenlake")
     with pytest.raises(ValueError, match="vision tokens"):
         make_demonstrations("frozenlake", config, tokenizer, [0], action_noise=0.0, rng_seed=0)
+
+
+def test_an_env_without_a_solver_says_it_has_no_demonstrations(tokenizer):
+    config = resolve_config("gym", {})  # CliffWalking through the gymnasium adapter: no solve()
+    with pytest.raises(ValueError, match="no solver to demonstrate with"):
+        make_demonstrations("gym", config, tokenizer, [0], action_noise=0.0, rng_seed=0)
