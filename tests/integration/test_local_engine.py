@@ -78,13 +78,17 @@ def test_a_wait_pause_lets_requests_in_flight_finish_and_holds_new_ones(engine):
 
 def test_a_cancelled_request_is_aborted(engine):
     async def scenario():
+        await engine.pause_generation(mode="keep")  # the request stays in flight until cancelled
         answer = asyncio.ensure_future(_answer(engine, "cancelled", max_tokens=200))
         await asyncio.sleep(0.2)
+        in_flight = await engine._call(lambda e: e.get_num_unfinished_requests())
         answer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await answer
+        await engine.resume_generation()
+        return in_flight
 
-    asyncio.run(scenario())
+    assert asyncio.run(scenario()) == 1
     assert _unfinished(engine) == 0
 
 
