@@ -74,8 +74,9 @@ TEXT = AnyText(max_length=1 << 16, min_length=0)
 
 
 def observation_space(image_size: int | None = None) -> Dict:
-    """``{"text": str, "images": (RGB uint8 arrays of image_size x image_size, ...)}``; without an
-    ``image_size`` the images (none, for a text env) have any size."""
+    """``{"text": str, "images": (RGB uint8 arrays of image_size x image_size, ...)}``. Without an
+    ``image_size`` (a text env) the images are always the empty tuple; the element shape is then
+    only a placeholder."""
     shape = (image_size, image_size, 3) if image_size else (1, 1, 3)
     return Dict({"text": TEXT, "images": Sequence(Box(0, 255, shape, np.uint8))})
 
