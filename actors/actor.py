@@ -17,12 +17,11 @@ Invariants:
   ``weight_versions`` spans; a weight update in flight therefore splits an answer cleanly.
 - An env failure (crashed or hung worker, env exception, service timeout) loses one episode and
   is counted by reason; it never stops the actor. Engine errors do propagate out of ``run``.
-- GRPO groups: ``group_size`` consecutive episodes share a seed and a ``group_id`` that is unique
-  across actors and restarts (``actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + k``).
-  Seeds come from a stream fixed by (``seed``, ``actor_id``, ``incarnation``), within
-  ``train_seeds`` (keep it clear of the evaluation seeds). With ``whole_groups`` a group's
-  finished trajectories are held until its last member has ended (sent or failed), then sent
-  together, each stamped with how many were sent (a group that lost a member says so).
+- GRPO groups (actors/groups.py): ``group_size`` consecutive episodes share a seed and a
+  ``group_id`` unique across actors and restarts; seeds come from a stream fixed by (``seed``,
+  ``actor_id``, ``incarnation``) within ``train_seeds`` (keep it clear of the evaluation seeds).
+  With ``whole_groups`` a group's finished trajectories are held until its last member has ended
+  (sent or failed), then sent together, each stamped with how many were sent.
 - Each episode holds one env slot (training and evaluation episodes share them). Backpressure:
   a trajectory is sent from one sender thread and its episode counts against ``concurrency``
   until the learner has granted the credit to send it.
@@ -44,7 +43,7 @@ import numpy as np
 
 from actors.config import ActorConfig
 from actors.engine import build_engine, sampling_params
-from actors.groups import GroupHolder
+from actors.groups import GroupHolder, GroupStream
 from actors.episode import EpisodeResult, Generate, Generation, run_episode
 from actors.vision import VisionTokens, vllm_prompt
 from envs.pool import EnvPool
@@ -57,10 +56,6 @@ from transport.channels import TrajectorySink, trajectory_sink
 
 log = logging.getLogger(__name__)
 
-GROUP_STRIDE = 10**9
-INCARNATION_STRIDE = 10**6
-"""group_id = actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + the incarnation's
-group count: unique across actors and their restarts."""
 COUNTS = ("episodes_started", "episodes_done", "episodes_failed", "episodes_unsent",
           "tokens_generated", "weight_updates", "weight_update_failures")
 """Counters in ``stats()``, next to ``failed/<reason>`` per failure reason, ``episodes_sent``,
@@ -97,12 +92,10 @@ class InferenceActor:
         self._update_lock: asyncio.Lock | None = None
         self._driver: asyncio.Task | None = None
         self._started = self._stopping = self._closed = False
-        life = self.cfg.incarnation  # the first incarnation keeps the stream of (seed, actor_id)
-        self._seed_rng = np.random.default_rng([self.cfg.seed, self.cfg.actor_id] + ([life] if life else []))
-        self._group_seed, self._group_id, self._member, self._groups = 0, 0, 0, life * INCARNATION_STRIDE
-        for _ in range(self.cfg.skip_groups):  # a resumed run: where its checkpoint left the stream
-            self._seed_rng.integers(*self.cfg.train_seeds)
-        self._groups += self.cfg.skip_groups
+        c = self.cfg
+        self._stream = GroupStream(seed=c.seed, actor_id=c.actor_id, incarnation=c.incarnation,
+                                   group_size=c.group_size, train_seeds=c.train_seeds,
+                                   skip_groups=c.skip_groups)
         self._groups_held = GroupHolder(self.cfg.group_size) if self.cfg.whole_groups else None
         self._episode_ids = itertools.count()
         self._request_ids = itertools.count()
@@ -226,7 +219,7 @@ class InferenceActor:
             for _ in itertools.count() if num_episodes is None else range(num_episodes):
                 await self._within_budget()
                 await self._room.acquire()
-                seed, group_id = self._next_group_member()
+                seed, group_id = self._stream.next_member()
                 self.counts["episodes_started"] += 1  # before the task runs: the budget sees it
                 tasks.create_task(self._train_episode(seed, group_id))
 
@@ -245,14 +238,6 @@ class InferenceActor:
                self.counts["episodes_started"] - self.counts["episodes_failed"] >= self._budget):
             self._budget_changed.clear()
             await self._budget_changed.wait()
-
-    def _next_group_member(self) -> tuple[int, int]:
-        if self._member == 0:
-            self._group_seed = int(self._seed_rng.integers(*self.cfg.train_seeds))
-            self._group_id = self.cfg.actor_id * GROUP_STRIDE + self._groups
-            self._groups += 1
-        self._member = (self._member + 1) % self.cfg.group_size
-        return self._group_seed, self._group_id
 
     async def _train_episode(self, seed: int, group_id: int) -> None:
         try:
@@ -397,7 +382,7 @@ class InferenceActor:
         out: dict[str, Any] = {"actor_id": self.cfg.actor_id, "version": self.version,
                                "episodes_sent": self._sender.sent if self._sender else 0,
                                "incarnation": self.cfg.incarnation,
-                               "groups_drawn": self._groups - self.cfg.incarnation * INCARNATION_STRIDE}
+                               "groups_drawn": self._stream.drawn}
         out.update(self.counts)
         held = self._groups_held
         out["groups_partial"] = held.partial if held is not None else 0

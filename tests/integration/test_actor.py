@@ -19,7 +19,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from actors.actor import GROUP_STRIDE, InferenceActor, WeightUpdateError
+from actors.actor import InferenceActor, WeightUpdateError
+from actors.groups import GROUP_STRIDE
 from launch.tiny_model import build_tiny_model
 from transport.stream import TrajectoryReceiver
 from transport.weights import WeightPublisher

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from actors import actor as actor_mod
-from actors.actor import GROUP_STRIDE, INCARNATION_STRIDE, InferenceActor, WeightUpdateError
+from actors.actor import InferenceActor, WeightUpdateError
+from actors.groups import GROUP_STRIDE, INCARNATION_STRIDE
 from actors.config import ActorConfig
 from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
@@ -167,18 +168,18 @@ def test_groups_share_seeds_and_trajectories_reach_the_learner(tokenizer, addres
     # The seed stream is fixed by (seed, actor_id, incarnation); a restarted actor repeats no group.
     a, b, c, d = (_actor(tokenizer, seed=s, actor_id=i, incarnation=k, group_size=1)
                   for s, i, k in ((11, 2, 0), (11, 2, 0), (11, 3, 0), (11, 2, 1)))
-    draws = [[x._next_group_member() for _ in range(5)] for x in (a, b, c, d)]
+    draws = [[x._stream.next_member() for _ in range(5)] for x in (a, b, c, d)]
     assert draws[0] == draws[1]
     seeds = [[s for s, _ in draw] for draw in draws]
     assert seeds[0] != seeds[2] and seeds[0] != seeds[3]
     assert [g for _, g in draws[3]] == [2 * GROUP_STRIDE + INCARNATION_STRIDE + k for k in range(5)]
     # A resumed run's actor continues its incarnation's stream where the checkpoint left it.
     resumed = _actor(tokenizer, seed=11, actor_id=2, incarnation=0, group_size=1, skip_groups=2)
-    assert [resumed._next_group_member() for _ in range(3)] == draws[0][2:5]
+    assert [resumed._stream.next_member() for _ in range(3)] == draws[0][2:5]
 
 
 def test_env_failures_lose_episodes_not_the_actor(tokenizer):
-    first_seed = _actor(tokenizer, group_size=2)._next_group_member()[0]  # the same seed stream
+    first_seed = _actor(tokenizer, group_size=2)._stream.next_member()[0]  # the same seed stream
 
     async def scenario():
         actor = _actor(tokenizer, envs=FakeEnvs(fail_seed=first_seed), group_size=2)
