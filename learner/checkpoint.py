@@ -1,9 +1,9 @@
-"""What a learner checkpoint carries besides the models and optimizers: the process's RNG states
-and a fingerprint of the optimizers, so a resumed run can check they came back as saved.
+"""What a learner checkpoint carries: the sharded models and optimizers, the process's RNG
+states, and a fingerprint of the optimizers, so a resumed run can check they came back as saved.
 
-Called by learner/trainer.py's ``save_checkpoint`` / ``load_checkpoint``. ``optimizer_fingerprint``
-is collective over the default process group (every rank calls it); the RNG states are per
-process.
+Called by learner/trainer.py's ``save_checkpoint`` / ``load_checkpoint``. The models and
+optimizers (torch.distributed.checkpoint) and ``optimizer_fingerprint`` are collective over the
+default process group (every rank calls them); the RNG states are per process.
 """
 
 from __future__ import annotations
@@ -14,7 +14,29 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
+
+
+def save_trainables(trainables: list, path) -> None:
+    """``(name, model, optimizer)`` triples, sharded under ``path``. Collective."""
+    dcp.save(_trainables_state(trainables), checkpoint_id=str(path))
+
+
+def load_trainables(trainables: list, path) -> None:
+    """Restore what ``save_trainables`` wrote into the same triples. Collective."""
+    state = _trainables_state(trainables)
+    dcp.load(state, checkpoint_id=str(path))
+    for name, model, optim in trainables:
+        set_state_dict(model, optim, model_state_dict=state[name], optim_state_dict=state[f"{name}_optim"])
+
+
+def _trainables_state(trainables: list) -> dict:
+    state = {}
+    for name, model, optim in trainables:
+        state[name], state[f"{name}_optim"] = get_state_dict(model, optim)
+    return state
 
 
 def rng_states() -> dict:

@@ -41,11 +41,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -350,18 +348,12 @@ class Trainer:
         if self.critic is not None:
             yield "critic", self.critic, self.critic_optim
 
-    def _checkpoint_state(self) -> dict:
-        state = {}
-        for name, model, optim in self._trainables():
-            state[name], state[f"{name}_optim"] = get_state_dict(model, optim)
-        return state
-
     def save_checkpoint(self, path: str | Path, extra: dict) -> None:
         """Sharded models and optimizers (torch.distributed.checkpoint) under ``path/dcp``,
         ``extra`` (step, version, ...) in ``path/extra.pt`` by rank 0, and each rank's RNG
         states (torch, numpy, python) in ``path/rng-<rank>.pt``. Collective."""
         path = Path(path)
-        dcp.save(self._checkpoint_state(), checkpoint_id=str(path / "dcp"))
+        checkpoint.save_trainables(list(self._trainables()), path / "dcp")
         torch.save(checkpoint.rng_states(), path / f"rng-{self.rank}.pt")
         fingerprint = self.optimizer_fingerprint()
         if self.rank == 0:
@@ -377,11 +369,7 @@ class Trainer:
         ``optimizer_fingerprint`` as saved and ``optimizer_fingerprint_loaded`` as restored
         (equal when the optimizers came back). Collective."""
         path = Path(path)
-        state = self._checkpoint_state()
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
-        for name, model, optim in self._trainables():
-            set_state_dict(model, optim, model_state_dict=state[name],
-                           optim_state_dict=state[f"{name}_optim"])
+        checkpoint.load_trainables(list(self._trainables()), path / "dcp")
         checkpoint.set_rng_states(torch.load(path / f"rng-{self.rank}.pt", weights_only=False))  # our own file
         extra = torch.load(path / "extra.pt", weights_only=False)
         own = extra.pop("_trainer")
