@@ -1,5 +1,5 @@
 # The two commands a user needs: `make train` and `make test`. Both create .venv on first use.
-# Root-only system packages (none needed yet; ManiSkill's Vulkan driver later) go in `system`.
+# Root-only system packages (a Vulkan driver for ManiSkill) come from `system`, run by the install.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -21,9 +21,9 @@ export WANDB_MODE ?= offline
 
 .PHONY: install train test test-slow bench soak system clean
 
-install: $(STAMP)
+install: system $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile | system
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)" -e ".[$(DEVICE),dev]"
@@ -35,17 +35,17 @@ ifeq ($(DEVICE),cpu)
 endif
 	touch $(STAMP)
 
-train: $(STAMP)
+train: install
 	$(BIN)/python -m launch.train $(ARGS)
 
-test: $(STAMP)
+test: install
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(ARGS)
 
-test-slow: $(STAMP)
+test-slow: install
 	$(BIN)/python -m pytest -m slow $(ARGS)
 
-bench: $(STAMP)
+bench: install
 	$(BIN)/python -m tests.benchmarks.bench_advantages
 	$(BIN)/python -m tests.benchmarks.bench_stream
 	$(BIN)/python -m tests.benchmarks.bench_weights
@@ -56,12 +56,13 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_converge
 
 # An hour of the default job; fails if total memory grows by more than 5% after warm-up.
-soak: $(STAMP)
+soak: install
 	$(BIN)/python -m tests.benchmarks.soak $(ARGS)
 
-# Idempotent root-only setup; nothing is needed for the default CPU path yet.
+# Idempotent root-only setup (Mesa's Vulkan drivers for ManiSkill); says so and goes on where it
+# cannot run.
 system:
-	@true
+	@bash launch/system.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache runs multirun outputs

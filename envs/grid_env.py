@@ -134,7 +134,8 @@ class GridEnv(gym.Env):
         self.max_actions = check_int("max_actions_per_turn", max_actions_per_turn, 1)
         self.format_reward = float(format_reward)
         self.judge = make_reasoning_reward(
-            None if reasoning_reward is None else dict(reasoning_reward)
+            None if reasoning_reward is None else dict(reasoning_reward),
+            rule_score=getattr(game, "judge_score", None),
         )
         self.action_names: tuple[str, ...] = tuple(game.action_space)
         self._actions = {a.lower(): a for a in self.action_names}
@@ -183,7 +184,8 @@ class GridEnv(gym.Env):
         parsed = parse(
             llm_text, self.format, action_sep=self.action_sep, max_actions=self.max_actions
         )
-        matched = [self._actions.get(a.lower()) for a in parsed.actions]
+        checked = [self._match(a) for a in parsed.actions]
+        matched = [action for action, _ in checked]
         actions_valid = parsed.format_correct and None not in matched
         state_before = self.state_text()
         env_reward, executed, ended, success = 0.0, [], False, False
@@ -204,6 +206,9 @@ class GridEnv(gym.Env):
             )
         self._turn += 1
         self._done = ended or self._turn >= self.max_turns
+        end_reward = getattr(self.game, "end_reward", None)
+        if self._done and end_reward is not None:
+            env_reward += end_reward()
         metrics = {
             "env_reward": env_reward,
             "format_reward": fmt_reward,
@@ -221,8 +226,17 @@ class GridEnv(gym.Env):
             "metrics": metrics,
         }
         reward = env_reward + fmt_reward + float(reason_reward)
-        observation = self._observe(_feedback(parsed, matched, executed))
+        observation = self._observe(_feedback(parsed, checked, executed))
         return observation, reward, ended, self._done and not ended, info
+
+    def _match(self, text: str) -> tuple[str | None, str]:
+        """(the action ``text`` names, "") or (None, why not): the game's own ``parse_action``
+        where it has one (actions with arguments), else a case-insensitive name match."""
+        own = getattr(self.game, "parse_action", None)
+        if own is not None:
+            return own(text)
+        action = self._actions.get(text.lower())
+        return action, "" if action else f"not one of {', '.join(self.action_names)}"
 
     def state_text(self) -> str:
         """The true state in words for the reasoning judge: the game's own ``state_text`` where it
@@ -254,7 +268,9 @@ class GridEnv(gym.Env):
             state, images = self.game.text(), []
         else:
             state = IMAGE_PLACEHOLDER
-            images = [render_rgb(self.game.shape, self.game.layers(), self.image_size)]
+            own = getattr(self.game, "image", None)  # a simulator's camera, else the grid drawn
+            images = [own(self.image_size) if own is not None else
+                      render_rgb(self.game.shape, self.game.layers(), self.image_size)]
         reminder = "" if self.prompt != "full" else (
             f"Reply exactly as {self._template} with 1 to {self.max_actions} actions from "
             f"{', '.join(self.action_names)}, separated by {self.action_sep!r}."
@@ -264,11 +280,13 @@ class GridEnv(gym.Env):
         return {"text": checked.text, "images": tuple(checked.images)}
 
 
-def _feedback(parsed: Parsed, matched: list[str | None], executed: list[str]) -> str:
+def _feedback(parsed: Parsed, checked: list[tuple[str | None, str]], executed: list[str]) -> str:
     """The observation's first line: what happened to the answer."""
     if not parsed.format_correct:
         return f"Your answer was not in the required format ({parsed.error}); nothing was executed."
-    if None in matched:
-        bad = parsed.actions[matched.index(None)]
-        return f"{bad!r} is not a valid action. Executed: {', '.join(executed) or 'nothing'}."
+    bad = [(text, why) for text, (action, why) in zip(parsed.actions, checked) if action is None]
+    if bad:
+        text, why = bad[0]
+        return (f"{text!r} is not a valid action ({why}). "
+                f"Executed: {', '.join(executed) or 'nothing'}.")
     return f"Executed: {', '.join(executed)}."

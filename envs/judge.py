@@ -17,6 +17,7 @@ import json
 import re
 import urllib.request
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,13 +33,17 @@ class Judge(Protocol):
 
 
 class RuleJudge:
-    """The default, offline judge: mean per-kind F1 of the stated relations (envs.relations)."""
+    """The default, offline judge: mean per-kind F1 of the stated relations (envs.relations), or
+    the env's own rule (``score``: a game whose state is not relations, e.g. positions in mm)."""
 
-    def __init__(self, kinds: tuple[str, ...] | None = None) -> None:
-        self.kinds = kinds
+    def __init__(self, kinds: tuple[str, ...] | None = None,
+                 score: Callable[[str, str], float] | None = None) -> None:
+        self.kinds, self._score = kinds, score
 
     def score(self, description: str, true_state_text: str) -> float:
-        """``relations.score`` of the description against the truth; never fails."""
+        """The rule's score of the description against the truth; never fails."""
+        if self._score is not None:
+            return self._score(description, true_state_text)
         return relations.score(description, true_state_text, kinds=self.kinds)
 
 
@@ -202,13 +207,16 @@ _JUDGE_KEYS = {
 }
 
 
-def make_reasoning_reward(config: dict | None) -> ReasoningReward | None:
+def make_reasoning_reward(config: dict | None,
+                          rule_score: Callable[[str, str], float] | None = None
+                          ) -> ReasoningReward | None:
     """Build the reasoning reward from a plain dict; None when ``config`` is None or disabled.
 
     Keys: ``enabled`` (default True), ``judge`` ("rule", the default, with optional ``kinds``;
     or "llm" with ``base_url``, ``model`` and optional ``timeout_s``, ``retries``, ``api_key``,
     ``temperature``), ``observation_weight`` and ``prediction_weight`` (default 0.5 each, >= 0),
     ``repetition_penalty`` (False, True, or a dict of ``RepetitionPenalty`` arguments).
+    ``rule_score``: the env's own rule for the rule judge (default: relations' F1).
     Raises ValueError naming an unknown key or a key of the other judge.
     """
     if config is None or not config.get("enabled", True):
@@ -222,7 +230,7 @@ def make_reasoning_reward(config: dict | None) -> ReasoningReward | None:
     judge_args = {k: config[k] for k in _JUDGE_KEYS[kind] if k in config}
     if kind == "rule":
         kinds = judge_args.get("kinds")
-        judge: Judge = RuleJudge(tuple(kinds) if kinds is not None else None)
+        judge: Judge = RuleJudge(tuple(kinds) if kinds is not None else None, rule_score)
     else:
         for key in ("base_url", "model"):
             if key not in judge_args:

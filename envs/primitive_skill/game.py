@@ -1,0 +1,266 @@
+"""PrimitiveSkill: VAGEN's manipulation env, a Panda arm on ManiSkill 3 driven by pick / place / push.
+
+Built by ``make_env`` (envs.registry's ``primitive_skill``): ``PrimitiveSkill`` is the game that
+envs/grid_env.py's ``GridEnv`` plays, so the answer formats, the format reward, the turn limit and
+the reasoning judge are the same layer as every other env's. One simulator per game (one per env,
+so one per env worker process as the pool runs it); ManiSkill needs a Vulkan device
+(launch/system.sh installs Mesa's lavapipe where there is none).
+
+- Actions: ``pick(x,y,z)``, ``place(x,y,z)``, ``push(x1,y1,z1,x2,y2,z2)``, integer millimetres in
+  the world frame the prompt states (x toward the viewer, y to the right, z up; the table top at
+  z = 0). A coordinate outside the task's workspace by up to ``CLIP_MM`` is clipped onto it (a
+  point stated on a cube's far face); further out, a wrong arity, a non-integer or any other text
+  is an invalid action: it executes nothing and the turn loses its format reward.
+- Observation: the objects' centres in mm, one per line (``red_cube: (-42, 57, 20)``); with
+  ``render="image"`` the task camera's RGB picture instead. ``state_text()`` is the same lines, the
+  truth the rule judge compares a stated or predicted position with (``judge_score``).
+- Reward (VAGEN's): the layer's format reward per turn, and on the episode's last turn
+  ``end_reward()`` = stage value now - stage value at reset - ``step_penalty`` x skills executed,
+  where the stage value is 10 on success, else 2 x (highest completed stage + 1), 0 for none
+  (envs/primitive_skill/tasks.py lists each task's stages). The episode ends on success.
+- ``solve()`` is the scripted expert: the skills that finish the task from the current state.
+
+Invariants: same seed, same episode (layouts and the simulation); every action string the game
+executes is canonical (``pick(-42,57,20)``: lowercase, no spaces, clipped).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from envs.grid_env import GridEnv
+
+CLIP_MM = 50
+"""How far outside the workspace a coordinate may be and still be clipped onto it (mm)."""
+STEP_PENALTY = 0.1
+SUCCESS_VALUE = 10.0
+ARITY = {"pick": 3, "place": 3, "push": 6}
+_ACTION_RE = re.compile(r"\s*([A-Za-z]+)\s*\(([^()]*)\)\s*")
+_INT_RE = re.compile(r"[+-]?\d+")
+HOLD_MM = (0, 0, 300)
+"""Where a held cube is after a pick: the hand's home (envs/primitive_skill/skills.py)."""
+REST_MM = 25
+"""The expert's place height for a cube on the table: its centre (20 mm) plus a drop of 5 mm."""
+
+
+def stage_value(success: bool, stages: list[bool]) -> float:
+    """VAGEN's stage reward: 10 on success, else 2 x (highest completed stage + 1), 0 for none."""
+    if success:
+        return SUCCESS_VALUE
+    done = [i for i, s in enumerate(stages) if s]
+    return 2.0 * (done[-1] + 1) if done else 0.0
+
+
+def parse_action(text: str, workspace: dict[str, tuple[int, int]]) -> tuple[str | None, str]:
+    """(the canonical action, "") for a valid ``text``, else (None, why it is invalid)."""
+    m = _ACTION_RE.fullmatch(text)
+    if m is None:
+        return None, "not of the form name(numbers)"
+    name, args = m.group(1).lower(), [a.strip() for a in m.group(2).split(",")]
+    if name not in ARITY:
+        return None, f"{m.group(1)!r} is not one of {', '.join(ARITY)}"
+    if len(args) != ARITY[name]:
+        return None, f"{name} takes {ARITY[name]} integers, got {len(args)}"
+    if not all(_INT_RE.fullmatch(a) for a in args):
+        return None, f"{name} takes integer millimetres"
+    values = [int(a) for a in args]
+    clipped = []
+    for axis, v in zip("xyz" * 2, values):
+        low, high = workspace[axis]
+        if not low - CLIP_MM <= v <= high + CLIP_MM:
+            return None, f"{axis}={v} is outside the workspace [{low}, {high}]"
+        clipped.append(min(max(v, low), high))
+    return f"{name}({','.join(map(str, clipped))})", ""
+
+
+def describe(positions: dict[str, tuple[int, int, int]]) -> str:
+    """One line per object: ``red_cube: (-42, 57, 20)``."""
+    return "\n".join(f"{name}: ({x}, {y}, {z})" for name, (x, y, z) in positions.items())
+
+
+_POSITION_RE = re.compile(r"([A-Za-z_]+)['\"]?\s*[:=]\s*['\"]?\(\s*([+-]?\d+(?:\.\d+)?)\s*,\s*"
+                          r"([+-]?\d+(?:\.\d+)?)\s*,\s*([+-]?\d+(?:\.\d+)?)\s*\)")
+JUDGE_SCALE_MM = 50.0
+"""A stated position scores 1 - distance / this (at least 0): 1 when exact, 0 from 5 cm off."""
+
+
+def judge_score(description: str, truth: str) -> float:
+    """The rule judge for positions: the mean over the true objects of 1 - d / 50 mm (at least 0),
+    d the distance between the object's true centre and the first position the description states
+    for it (``name: (x, y, z)`` or a dict's ``'name': (x, y, z)``); an object not stated scores 0,
+    and objects the truth does not have are ignored."""
+    true = {m[0]: np.array(m[1:], dtype=float) for m in _POSITION_RE.findall(truth)}
+    if not true:
+        return 0.0
+    stated: dict[str, np.ndarray] = {}
+    for m in _POSITION_RE.findall(description):
+        stated.setdefault(m[0], np.array(m[1:], dtype=float))
+    scores = [max(0.0, 1.0 - np.linalg.norm(stated[name] - p) / JUDGE_SCALE_MM)
+              if name in stated else 0.0 for name, p in true.items()]
+    return float(np.mean(scores))
+
+
+class PrimitiveSkill:
+    """One ManiSkill task as a game of envs/grid_env.py (see the module docstring)."""
+
+    shape = (1, 1)
+    action_space = ("pick(x,y,z)", "place(x,y,z)", "push(x1,y1,z1,x2,y2,z2)")
+    image_legend = ("The picture shows the arm and the table from in front: x points toward you, "
+                    "y to your right, z up.")
+
+    def __init__(self, task: str, *, image_size: int = 300, step_penalty: float = STEP_PENALTY,
+                 sim_config: dict[str, Any] | None = None) -> None:
+        import gymnasium as gym
+
+        from envs.primitive_skill import tasks
+        from envs.primitive_skill.skills import Skills
+
+        if task not in tasks.TASKS:
+            raise ValueError(f"unknown task {task!r}; expected one of {sorted(tasks.TASKS)}")
+        self.name, self.step_penalty = task, float(step_penalty)
+        self.env = gym.make(tasks.TASKS[task], num_envs=1, obs_mode="state",
+                            control_mode="pd_ee_delta_pose", render_mode="rgb_array",
+                            sim_backend="cpu", image_size=image_size, **(sim_config or {}))
+        self.sim = self.env.unwrapped
+        self.skills = Skills(self.env, self._grasp_yaw)
+        self.workspace = dict(tasks.WORKSPACE_MM)
+        limits = ", ".join(f"{a} in [{lo}, {hi}]" for a, (lo, hi) in self.workspace.items())
+        self.task = (f"You control a robot arm above a table. {self.sim.INSTRUCTION}\n"
+                     f"Positions are object centres (x, y, z) in integer millimetres: x points "
+                     f"toward you, y to your right, z up; the table top is at z = 0. The arm acts "
+                     f"within {limits}.")
+        self.text_legend = "The state lists each object's centre: name: (x, y, z)."
+        self.executed = 0
+        self._start_value = 0.0
+
+    # -- the game interface of envs/grid_env.py ------------------------------------------------
+    def reset(self, rng: np.random.Generator) -> None:
+        self.env.reset(seed=int(rng.integers(2**31)))
+        self.skills.reset()
+        self.executed = 0
+        self._start_value = self.value()
+
+    def parse_action(self, text: str) -> tuple[str | None, str]:
+        return parse_action(text, self.workspace)
+
+    def move(self, action: str) -> tuple[float, bool, bool]:
+        """Execute one canonical action (``parse_action``'s); the reward comes at the end."""
+        name, args = action[:-1].split("(")
+        p = np.array([int(v) for v in args.split(",")], dtype=float) / 1000.0
+        getattr(self.skills, name)(*p.reshape(-1, 3))
+        self.executed += 1
+        success = self.success()
+        return 0.0, success, success
+
+    def end_reward(self) -> float:
+        return self.value() - self._start_value - self.step_penalty * self.executed
+
+    def text(self) -> str:
+        return describe(self.positions_mm())
+
+    def state_text(self) -> str:
+        return self.text()
+
+    def state_dict(self) -> dict[str, tuple[int, int, int]]:
+        return self.positions_mm()
+
+    def image(self, size: int) -> np.ndarray:
+        """The task camera's RGB picture (the camera is built ``image_size`` a side)."""
+        return self.sim.render()[0].numpy().astype(np.uint8)
+
+    def judge_score(self, description: str, truth: str) -> float:
+        return judge_score(description, truth)
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- the task's state ---------------------------------------------------------------------
+    def positions_mm(self) -> dict[str, tuple[int, int, int]]:
+        return {name: tuple(int(round(v * 1000)) for v in p)
+                for name, p in self.sim.positions().items()}
+
+    def success(self) -> bool:
+        return bool(self.sim.evaluate()["success"][0])
+
+    def value(self) -> float:
+        info = self.sim.evaluate()
+        return stage_value(bool(info["success"][0]), [bool(s) for s in info["stages"][0]])
+
+    def _grasp_yaw(self, p: np.ndarray) -> float | None:
+        """The yaw to grasp the cube at ``p`` with: across two faces (of the two such yaws, the one
+        whose fingers pass farthest from the other cubes); None when no cube is within 3 cm."""
+        centres = {n: c.pose.p[0].numpy() for n, c in self.sim.cubes.items()}
+        near = [n for n, c in centres.items() if np.linalg.norm(c[:2] - p[:2]) < 0.03]
+        if not near:
+            return None
+        name = min(near, key=lambda n: np.linalg.norm(centres[n][:2] - p[:2]))
+        w, _, _, z = self.sim.cubes[name].pose.q[0].numpy()
+        face = (2 * np.arctan2(z, w) + np.pi / 4) % (np.pi / 2) - np.pi / 4
+        others = [c[:2] - centres[name][:2] for n, c in centres.items() if n != name]
+
+        def clearance(yaw: float) -> float:
+            """How far the hand passes from the nearest other cube: the hand is about 0.24 m long
+            along the fingers' axis and 0.08 m across (with a cube's half diagonal)."""
+            d = np.array([-np.sin(yaw), np.cos(yaw)])
+            return min([max(abs(v[0] * d[1] - v[1] * d[0]) - 0.05, abs(v @ d) - 0.13)
+                        for v in others], default=1.0)
+
+        return max((face, face - np.pi / 2 if face > 0 else face + np.pi / 2), key=clearance)
+
+    # -- the scripted expert ------------------------------------------------------------------
+    def solve(self) -> list[str] | None:
+        """The expert's skills from the current state to success ([] once it is reached)."""
+        if self.success():
+            return []
+        pos = self.positions_mm()
+        held = [n for n, c in self.sim.cubes.items() if bool(self.sim.agent.is_grasping(c)[0])]
+        plan: list[str] = []
+        for cube, goal in self._goals(pos):
+            if self._placed(cube, goal, pos):
+                continue
+            if cube not in held:
+                plan.append(_act("pick", pos[f"{cube}_cube"]))
+            plan.append(_act("place", goal))
+            pos[f"{cube}_cube"] = goal  # where the plan leaves it, for the goals after it
+        return plan
+
+    def _goals(self, pos: dict[str, tuple[int, int, int]]) -> list[tuple[str, tuple[int, int, int]]]:
+        """(cube, where the expert places it), in order; a goal may depend on earlier cubes."""
+        if self.name == "PlaceTwoCube":
+            (lx, ly, _), (rx, ry, _) = pos["left_target"], pos["right_target"]
+            return [("red", (lx, ly, REST_MM)), ("green", (rx, ry, REST_MM))]
+        if self.name == "AlignTwoCube":
+            return [(c, (0, pos[f"{c}_cube"][1], REST_MM)) for c in ("red", "green")]
+        gx, gy, gz = pos["green_cube"]  # StackThreeCube: red on green, purple on red
+        return [("red", (gx, gy, gz + 45)), ("purple", (gx, gy, gz + 85))]
+
+    def _placed(self, cube: str, goal: tuple[int, int, int], pos) -> bool:
+        x, y, z = pos[f"{cube}_cube"]
+        if self.name == "AlignTwoCube":
+            return abs(x) <= 10 and z <= 50
+        if self.name == "PlaceTwoCube":
+            return np.hypot(x - goal[0], y - goal[1]) <= 50 and z < 45
+        return np.hypot(x - goal[0], y - goal[1]) < 20 and abs(z - (goal[2] - 5)) < 10
+
+
+def _act(name: str, p: tuple[int, int, int]) -> str:
+    return f"{name}({','.join(str(int(v)) for v in p)})"
+
+
+def make_env(*, task: str = "PlaceTwoCube", image_size: int = 300,
+             step_penalty: float = STEP_PENALTY, sim_config: dict[str, Any] | None = None,
+             **layer: Any) -> GridEnv:
+    """The PrimitiveSkill ``task`` in VAGEN's layer; ``layer`` is GridEnv's settings."""
+    layer.setdefault("max_actions_per_turn", 2)
+    layer.setdefault("action_sep", "|")
+    game = PrimitiveSkill(task, image_size=image_size, step_penalty=step_penalty,
+                          sim_config=sim_config)
+    try:
+        return GridEnv(game, action_example=("pick(62,-55,20)", "place(75,33,50)"),
+                       image_size=image_size, **layer)
+    except Exception:
+        game.close()
+        raise

@@ -1,0 +1,170 @@
+"""PrimitiveSkill on ManiSkill 3 (envs/primitive_skill/): the scripted expert through the env's own
+turns, VAGEN's rewards on hand-computed episodes, malformed actions, determinism by seed, images,
+and a crashed or hung simulator in the env worker pool. Skipped, saying why, where ManiSkill has
+no Vulkan device."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from envs.pool import EnvPool
+from envs.registry import make, resolve_config
+from envs.wire import EpisodeFailure
+from tests.envs_api import env_reset, env_step
+from tests.maniskill import requires_maniskill
+
+pytestmark = requires_maniskill()
+TASKS = ("PlaceTwoCube", "StackThreeCube", "AlignTwoCube")
+
+
+def _env(**overrides):
+    return make("primitive_skill", **resolve_config("primitive_skill", overrides))
+
+
+def _answer(actions: list[str]) -> str:
+    return f"<think>plan</think><answer>{'|'.join(actions)}</answer>"
+
+
+def play_expert(env, seed: int) -> tuple[bool, float, int, int]:
+    """(success, episode reward, turns, skills) of the expert playing ``seed`` turn by turn."""
+    env_reset(env, seed)
+    total, turns, skills = 0.0, 0, 0
+    while True:
+        actions = env.solve()[: env.max_actions]
+        result = env_step(env, _answer(actions))
+        total, turns, skills = total + result.reward, turns + 1, skills + len(result.info["actions"])
+        if result.done:
+            return result.info["success"], total, turns, skills
+
+
+def expert_successes(task: str, seeds) -> int:
+    env = _env(task=task)
+    try:
+        return sum(play_expert(env, s)[0] for s in seeds)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_expert_solves_each_task_in_two_turns_and_earns_vagens_reward(task):
+    env = _env(task=task)
+    try:
+        for seed in range(4):
+            success, reward, turns, skills = play_expert(env, seed)
+            assert (success, turns, skills) == (True, 2, 4), seed
+            # a format reward per turn; at the end 10 (success) - 0 (no stage at reset) - 0.1 x 4
+            assert reward == pytest.approx(2 * 0.5 + 10 - 0.4)
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", TASKS)
+def test_the_expert_solves_at_least_95_percent_of_200_seeds(task):
+    assert expert_successes(task, range(1000, 1200)) >= 190
+
+
+def test_a_partial_episode_earns_its_stage_and_pays_for_its_skills():
+    env = _env(task="PlaceTwoCube", max_turns=1)
+    try:
+        env_reset(env, 7)
+        red = env.game.positions_mm()["red_cube"]
+        result = env_step(env, _answer([f"pick({red[0]},{red[1]},{red[2]})"]))
+        # stage 0 (red held): 2 x (0 + 1) = 2, minus 0.1 for the one skill, plus the format's 0.5
+        assert result.done and not result.info["success"]
+        assert result.reward == pytest.approx(0.5 + 2.0 - 0.1)
+        assert env.game.positions_mm()["red_cube"][2] > 200  # held up at the hand's home
+    finally:
+        env.close()
+
+
+def test_malformed_actions_execute_nothing_and_cost_the_format_reward():
+    env = _env(task="PlaceTwoCube", max_turns=3)
+    try:
+        before = env_reset(env, 3).text
+        for answer, why in [
+            (_answer(["pick(1,2)"]), "pick takes 3 integers, got 2"),
+            (_answer(["pick(-400,0,20)"]), "x=-400 is outside the workspace [-100, 150]"),
+            ("pick(0,0,20)", "missing <think>"),
+        ]:
+            result = env_step(env, answer)
+            assert result.reward == pytest.approx(0.0 if not result.done else -0.0)
+            assert result.info["actions"] == [] and not result.info["actions_valid"]
+            assert why in result.observation.text
+            assert result.observation.text.split("The current state:\n")[1].startswith(
+                before.split("The current state:\n")[1].split("\n")[0])
+        assert result.done and env.game.executed == 0
+    finally:
+        env.close()
+
+
+def test_the_same_seed_replays_the_same_episode():
+    runs = []
+    for _ in range(2):
+        env = _env(task="StackThreeCube")
+        try:
+            obs = [env_reset(env, 11).text]
+            for actions in (["pick(0,0,20)", "push(0,-100,20,100,-100,20)"], env.solve()[:2]):
+                result = env_step(env, _answer(actions))
+                obs.append((result.observation.text, result.reward))
+            runs.append(obs)
+        finally:
+            env.close()
+    assert runs[0] == runs[1]
+    env = _env(task="StackThreeCube")
+    try:
+        assert env_reset(env, 12).text != runs[0][0]
+    finally:
+        env.close()
+
+
+def test_image_observations_are_the_task_camera():
+    env = _env(task="PlaceTwoCube", render="image", image_size=64)
+    try:
+        first = env_reset(env, 5)
+        assert first.text.count("<image>") == 1
+        (image,) = first.images
+        assert image.shape == (64, 64, 3) and image.dtype == np.uint8 and image.std() > 10
+        red = env.game.positions_mm()["red_cube"]
+        after = env_step(env, _answer([f"pick({red[0]},{red[1]},{red[2]})"]))
+        assert np.abs(after.observation.images[0].astype(int) - image).mean() > 1  # the arm moved
+    finally:
+        env.close()
+
+
+def _pool(**kw) -> EnvPool:
+    config = resolve_config("primitive_skill", {"task": "PlaceTwoCube"})
+    kw = {"num_workers": 1, "envs_per_worker": 2, "reset_timeout_s": 120.0,
+          "start_timeout_s": 300.0, **kw}
+    return EnvPool(("primitive_skill", config), **kw)
+
+
+def test_a_killed_simulator_worker_fails_its_episodes_and_is_replaced():
+    with _pool(step_timeout_s=120.0) as pool:
+        pool.reset([0, 1], [1, 2])
+        dead = pool.worker_pids()[0]
+        os.kill(dead, signal.SIGKILL)
+        out = pool.step([0, 1], [_answer(["pick(0,0,20)"])] * 2)
+        assert out == [EpisodeFailure("worker_crashed")] * 2
+        assert pool.worker_pids()[0] != dead
+        assert "red_cube" in pool.reset([0], [3])[0].text  # a new simulator plays on
+        stats = pool.stats()
+        assert (stats["worker_crashes"], stats["worker_restarts"], stats["failed_episodes"]) == (1, 1, 2)
+
+
+def test_a_hung_simulator_step_times_out_and_its_worker_is_replaced():
+    # Two skills take a simulator about half a second; a step timeout of 0.2 s makes it "hang".
+    with _pool(step_timeout_s=0.2) as pool:
+        pool.reset([0, 1], [1, 2])
+        hung = pool.worker_pids()[0]
+        out = pool.step([0], [_answer(["pick(0,0,20)", "place(0,100,25)"])])
+        assert out == [EpisodeFailure("timeout")]
+        assert pool.worker_pids()[0] != hung
+        assert pool.step([1], [_answer(["pick(0,0,20)"])]) == [EpisodeFailure("timeout")]
+        assert "red_cube" in pool.reset([1], [4])[0].text
+        stats = pool.stats()
+        assert (stats["timeouts"], stats["worker_restarts"], stats["failed_episodes"]) == (1, 1, 2)
