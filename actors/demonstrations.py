@@ -3,7 +3,9 @@ player wrote, as token-in/token-out Trajectories exactly as the actor would have
 
 Called by launch/warm_start.py (supervised fine-tuning before RL). Works for the grid envs
 (envs.frozenlake, envs.sokoban: a ``GridEnv`` with a ``game`` that can ``solve()``), in every
-answer format of envs.formats.FORMATS.
+answer format of envs.formats.FORMATS, and for a game that plans its own demonstration turns
+(``demonstrate_turn`` and ``reasoning``: envs/primitive_skill/game.py, whose mistakes are missed
+points whatever ``mistake`` says).
 
 Invariants:
 - Each turn's answer is written from the TRUE state: ``<observation>`` is ``env.state_text()``
@@ -44,7 +46,7 @@ import numpy as np
 
 from actors.episode import ChatContext, Generation
 from actors.vision import VisionTokens
-from envs.formats import FORMATS
+from envs.formats import FORMATS, STRUCTURED, base_format
 from envs.protocol import to_observation, to_step_result
 from envs.registry import make
 from envs.relations import PHRASES, describe, relation
@@ -69,10 +71,11 @@ _REVERSE = {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"}
 def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
                         seeds: Iterable[int], *, action_noise: float, rng_seed: int,
                         actions_per_turn: int | None = None, mistake: str = "random",
-                        reasoning: str = "relation",
-                        vision: VisionTokens | None = None) -> list[Trajectory]:
+                        reasoning: str = "relation", vision: VisionTokens | None = None,
+                        first_index: int = 0) -> list[Trajectory]:
     """One demonstration episode per seed of ``env_name`` built with ``env_config``; ``vision``:
-    the model's image tokens, needed when the env renders images."""
+    the model's image tokens, needed when the env renders images; ``first_index``: the first
+    episode's id (a share of a larger set built elsewhere numbers on from its place)."""
     if not 0.0 <= action_noise <= 1.0:
         raise ValueError(f"action_noise must be in [0, 1], got {action_noise}")
     if mistake not in MISTAKES:
@@ -84,7 +87,7 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
         env.close()
         raise ValueError(f"the {env_name} env has no solver to demonstrate with: train it without "
                          "a warm start (warm_start.enabled=false)")
-    if env.format not in (*_SECTIONS, "no_think", "free_think"):
+    if base_format(env.format) not in (*_SECTIONS, "no_think", "free_think"):
         raise ValueError(f"no demonstrations for format {env.format!r} (of {FORMATS})")
     k = env.max_actions if actions_per_turn is None else actions_per_turn
     if not 1 <= k <= env.max_actions:
@@ -96,7 +99,7 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
     out = []
     for i, seed in enumerate(seeds):
         rng = np.random.default_rng([rng_seed, seed])
-        out.append(_episode(env, env_name, tokenizer, vision, eos, int(seed), i, rng,
+        out.append(_episode(env, env_name, tokenizer, vision, eos, int(seed), first_index + i, rng,
                             action_noise, mistake, k, reasoning))
     env.close()
     return out
@@ -108,10 +111,12 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
     ctx = ChatContext(tokenizer, env.system_prompt(), vision)
     obs = to_observation(env.reset(seed=seed)[0])
     rewards, success, random_actions, n_actions, previous = [], False, 0, 0, None
+    structured = env.format in STRUCTURED  # the state as a dict: a game that can write it
     while True:
-        actions, after, n_random = _choose(env.game, rng, noise, mistake, k, previous)
+        actions, after, n_random = _choose(env.game, rng, noise, mistake, k, previous, structured)
         previous = actions[-1]
-        answer = _answer(env.format, env.action_sep, state=env.state_text(),
+        state = env.game.describe_state(True) if structured else env.state_text()
+        answer = _answer(base_format(env.format), env.action_sep, state=state,
                          reasoning=_reasoning(env.game, reasoning), prediction=after,
                          actions=actions)
         ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
@@ -131,9 +136,12 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
 
 
 def _choose(game, rng: np.random.Generator, noise: float, mistake: str, k: int,
-            previous: str | None) -> tuple[list[str], str, int]:
+            previous: str | None, structured: bool = False) -> tuple[list[str], str, int]:
     """(the turn's actions, the state text after them, how many were mistakes), on a game copy;
     ``previous``: the episode's last action before this turn (None at its start)."""
+    own = getattr(game, "demonstrate_turn", None)  # a simulator cannot be copied: it plans
+    if own is not None:
+        return own(rng, noise, k, structured)
     sim = copy.deepcopy(game)
     actions, n_random = [], 0
     for _ in range(k):
@@ -160,6 +168,9 @@ def _choose(game, rng: np.random.Generator, noise: float, mistake: str, k: int,
 
 
 def _reasoning(game, how: str) -> str:
+    own = getattr(game, "reasoning", None)  # a game that is not a grid says it itself
+    if own is not None:
+        return own()
     player, objects = game.objects()
     kind, pos = objects[0]
     plan = _PLANS.get(kind, "so I move toward it")

@@ -4,7 +4,8 @@ Called by every env (envs.frozenlake, envs.sokoban, and later navigation, manisk
 and ``format_reward`` from ``Env.step``, ``format_prompt`` from ``Env.system_prompt``. Stdlib only.
 
 A format is a fixed sequence of tags (the five ``FORMATS``, e.g. ``grounding`` is
-``<think><observation>…</observation><reasoning>…</reasoning></think><answer>…</answer>``).
+``<think><observation>…</observation><reasoning>…</reasoning></think><answer>…</answer>``, and
+the ``STRUCTURED`` variants of the three with an <observation> or <prediction>).
 Invariants of ``parse``:
 - Strict: after stripping surrounding whitespace and at most one trailing ``<|im_end|>`` or
   ``<|endoftext|>``, the text is exactly the format's tag sequence, with only whitespace between
@@ -32,6 +33,19 @@ _THINK_SECTIONS: dict[str, tuple[str, ...] | None] = {
     "grounding_worldmodeling": ("observation", "reasoning", "prediction"),
 }
 FORMATS: tuple[str, ...] = tuple(_THINK_SECTIONS)
+STRUCTURED: tuple[str, ...] = tuple(f"{name}_structured" for name in FORMATS[2:])
+"""VAGEN's structured variants of the grounding formats: the same tags, but <observation> and
+<prediction> state the state as a dict (``{'red_cube': (x, y, z), ...}``), which VAGEN found best
+for manipulation. The env says which keys (envs/grid_env.py); the parser checks the tags only."""
+_THINK_SECTIONS.update({name: _THINK_SECTIONS[name.removesuffix("_structured")]
+                        for name in STRUCTURED})
+ALL_FORMATS: tuple[str, ...] = FORMATS + STRUCTURED
+
+
+def base_format(format: str) -> str:
+    """The five-format name whose tags ``format`` uses (itself, or without ``_structured``)."""
+    _check_format(format)
+    return format.removesuffix("_structured")
 
 _TAG_NAMES = frozenset({"think", "observation", "reasoning", "prediction", "answer"})
 # Names are at most 11 letters ("observation"), so each match attempt is bounded: linear scan.
@@ -61,7 +75,7 @@ class Parsed:
 
 def _check_format(format: str) -> tuple[str, ...] | None:
     if format not in _THINK_SECTIONS:
-        raise ValueError(f"unknown format {format!r}; expected one of {FORMATS}")
+        raise ValueError(f"unknown format {format!r}; expected one of {ALL_FORMATS}")
     return _THINK_SECTIONS[format]
 
 

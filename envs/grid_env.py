@@ -24,7 +24,8 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
-from envs.formats import FORMATS, Parsed, format_example, format_prompt, format_reward, parse
+from envs.formats import (ALL_FORMATS, STRUCTURED, Parsed, format_example, format_prompt,
+                          format_reward, parse)
 from envs.grid import Pos, Tile, render_rgb
 from envs.judge import make_reasoning_reward
 from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, observation_space
@@ -86,7 +87,8 @@ class GridEnv(gym.Env):
     The action is the model's answer (any text); the observation is ``{"text", "images"}``;
     ``render()`` is the game's symbol grid. ``action_names`` are the game's actions.
 
-    Settings: ``format`` (one of envs.formats.FORMATS), ``render`` ("text": the symbol grid;
+    Settings: ``format`` (one of envs.formats.FORMATS, or a STRUCTURED one for a game with a
+    ``state_dict()``, whose keys the system prompt then lists), ``render`` ("text": the symbol grid;
     "image": one RGB picture of ``image_size`` pixels a side), ``max_turns``,
     ``max_actions_per_turn`` (more are dropped by the parser), ``action_sep``, ``format_reward``
     (per correct turn), ``reasoning_reward`` (envs.judge.make_reasoning_reward's config; None
@@ -117,8 +119,11 @@ class GridEnv(gym.Env):
         prompt: str = "full",
         render_mode: str | None = None,
     ) -> None:
-        if format not in FORMATS:
-            raise ValueError(f"unknown format {format!r}; expected one of {FORMATS}")
+        if format not in ALL_FORMATS:
+            raise ValueError(f"unknown format {format!r}; expected one of {ALL_FORMATS}")
+        if format in STRUCTURED and not hasattr(game, "state_dict"):
+            raise ValueError(f"format {format!r} states the state as a dict, which this game "
+                             "cannot (it has no state_dict()): use a format of the five")
         if render not in RENDERS:
             raise ValueError(f"unknown render {render!r}; expected one of {RENDERS}")
         if prompt not in PROMPTS:
@@ -156,13 +161,21 @@ class GridEnv(gym.Env):
         answer = (f"Answer as {self._template}" if self.prompt == "brief" else
                   format_prompt(self.format, action_example=self._example,
                                 action_sep=self.action_sep, max_actions=self.max_actions))
-        return "\n\n".join([
+        return "\n\n".join(part for part in [
             self.game.task,
             legend,
             f"Actions: {', '.join(self.action_names)}. You have {self.max_turns} turns; in each "
             f"turn give 1 to {self.max_actions} actions, executed in order.",
             answer,
-        ])  # fmt: skip
+            self._structure(),
+        ] if part)  # fmt: skip
+
+    def _structure(self) -> str:
+        """A structured format's rule for <observation> and <prediction> ("" for the others)."""
+        if self.format not in STRUCTURED:
+            return ""
+        keys = ", ".join(f"'{key}': (x, y, z)" for key in self.game.state_dict())
+        return f"Write <observation> and <prediction> as a dict: {{{keys}}}."
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         """The episode of ``seed`` (None: one drawn from the env's generator)."""

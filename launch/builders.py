@@ -56,6 +56,7 @@ def warm_start_config(cfg: RunConfig) -> dict[str, Any]:
         "mistake": ws.mistake, "actions_per_turn": ws.actions_per_turn, "reasoning": ws.reasoning,
         "steps": ws.steps, "batch_size": ws.batch_size, "lr": ws.lr, "schedule": ws.schedule,
         "warmup": ws.warmup, "micro_batch_size": ws.micro_batch_size, "seed": cfg.seed,
+        "workers": ws.workers,
     }
 
 

@@ -273,6 +273,8 @@ class WarmStartConfig:
     """Linear warm-up steps of the cosine schedule."""
     micro_batch_size: int = 4
     """Rows per forward, longest first (0: the whole batch)."""
+    workers: int = 1
+    """Processes building the demonstrations (each with its own envs): more for a simulator."""
 
 
 @dataclass

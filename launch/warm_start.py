@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from actors.demonstrations import MISTAKES, REASONING, make_demonstrations
 from envs.grid_env import PROMPTS
 
@@ -49,13 +51,14 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
                reasoning: str = "relation", schedule: str = "constant", warmup: int = 0,
                micro_batch_size: int = 0, log_every: int = 10, eval_seeds: Sequence[int] = (),
                eval_every: int = 0, progress_s: float = 30.0,
-               max_new_tokens: int = 256) -> Path:
+               max_new_tokens: int = 256, workers: int = 1) -> Path:
     """Fine-tune ``model_path`` on demonstrations of ``env_name``; returns ``out_dir``.
 
     With ``eval_seeds``, ``evaluate_hf`` runs before training, every ``eval_every`` steps
     (0: only before and after) and after the last step; its results go to warm_start.jsonl.
     A progress line (step, loss, token accuracy, time left) is printed every ``progress_s``
-    seconds and at the last step (0: never).
+    seconds and at the last step (0: never). ``workers`` > 1 builds the demonstrations in that
+    many processes (``demonstrations``), for envs whose steps are slow (a simulator).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
@@ -80,11 +83,11 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     model = auto.from_pretrained(model_path, dtype=torch.float32).to(device)
     t0 = time.perf_counter()
     _say(f"warm start: building demonstrations of {n_seeds} {env_name} seeds")
-    demos = make_demonstrations(env_name, env_config, tokenizer,
-                                range(seed_offset, seed_offset + n_seeds),
-                                action_noise=action_noise, rng_seed=seed,
-                                actions_per_turn=actions_per_turn, mistake=mistake,
-                                reasoning=reasoning, vision=vision)
+    demos = demonstrations(str(model_path), env_name, env_config,
+                           range(seed_offset, seed_offset + n_seeds), workers=workers,
+                           action_noise=action_noise, rng_seed=seed,
+                           actions_per_turn=actions_per_turn, mistake=mistake,
+                           reasoning=reasoning)
     with open(out / "warm_start.jsonl", "w", encoding="utf-8") as log:
 
         def write(record: dict) -> None:
@@ -121,6 +124,37 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     if vision is not None:
         _copy_processor_files(Path(model_path), out)
     return out
+
+
+def demonstrations(model_path: str, env_name: str, env_config: Mapping[str, Any],
+                   seeds: Sequence[int], *, workers: int = 1, **kwargs: Any) -> list:
+    """``make_demonstrations`` of ``seeds`` with ``model_path``'s tokenizer (and image tokens),
+    built in ``workers`` processes when > 1 (each on a contiguous share of the seeds, with its
+    own envs): the same demonstrations, in the same order, as in this process."""
+    seeds = list(seeds)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers == 1 or len(seeds) < 2:
+        return _demonstrate(model_path, env_name, dict(env_config), seeds, 0, kwargs)
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    bounds = np.linspace(0, len(seeds), min(workers, len(seeds)) + 1).astype(int)
+    with ProcessPoolExecutor(len(bounds) - 1, mp_context=mp.get_context("spawn")) as pool:
+        shares = [pool.submit(_demonstrate, model_path, env_name, dict(env_config),
+                              seeds[a:b], int(a), kwargs) for a, b in zip(bounds, bounds[1:])]
+        return [demo for share in shares for demo in share.result()]
+
+
+def _demonstrate(model_path: str, env_name: str, env_config: dict, seeds: list[int],
+                 first_index: int, kwargs: dict) -> list:
+    from transformers import AutoTokenizer
+
+    from actors.vision import VisionTokens
+
+    return make_demonstrations(env_name, env_config, AutoTokenizer.from_pretrained(model_path),
+                               seeds, vision=VisionTokens.from_pretrained(model_path),
+                               first_index=first_index, **kwargs)
 
 
 def _say(line: str) -> None:
@@ -214,7 +248,7 @@ def main(argv: list[str] | None = None) -> Path:
                      schedule=args.schedule, warmup=args.warmup,
                      micro_batch_size=args.micro_batch_size, log_every=args.log_every,
                      eval_seeds=eval_seeds, eval_every=args.eval_every,
-                     max_new_tokens=args.max_new_tokens)
+                     max_new_tokens=args.max_new_tokens, workers=args.workers)
     for line in (out / "warm_start.jsonl").read_text().splitlines():
         record = json.loads(line)
         if "demo/episodes" in record or any(k.startswith("eval/") for k in record):

@@ -76,8 +76,12 @@ def parse_action(text: str, workspace: dict[str, tuple[int, int]]) -> tuple[str 
     return f"{name}({','.join(map(str, clipped))})", ""
 
 
-def describe(positions: dict[str, tuple[int, int, int]]) -> str:
-    """One line per object: ``red_cube: (-42, 57, 20)``."""
+def describe(positions: dict[str, tuple[int, int, int]], structured: bool = False) -> str:
+    """One line per object, ``red_cube: (-42, 57, 20)``; ``structured``: one dict,
+    ``{'red_cube': (-42, 57, 20), ...}`` (the structured formats' <observation>)."""
+    if structured:
+        return "{" + ", ".join(f"'{name}': ({x}, {y}, {z})"
+                               for name, (x, y, z) in positions.items()) + "}"
     return "\n".join(f"{name}: ({x}, {y}, {z})" for name, (x, y, z) in positions.items())
 
 
@@ -114,6 +118,7 @@ class PrimitiveSkill:
     def __init__(self, task: str, *, image_size: int = 300, step_penalty: float = STEP_PENALTY,
                  sim_config: dict[str, Any] | None = None) -> None:
         import gymnasium as gym
+        import torch
 
         from envs.primitive_skill import tasks
         from envs.primitive_skill.skills import Skills
@@ -121,9 +126,12 @@ class PrimitiveSkill:
         if task not in tasks.TASKS:
             raise ValueError(f"unknown task {task!r}; expected one of {sorted(tasks.TASKS)}")
         self.name, self.step_penalty = task, float(step_penalty)
+        # The camera renders on the GPU where there is one, else on the CPU (lavapipe).
+        render_backend = "gpu" if torch.cuda.is_available() else "cpu"
         self.env = gym.make(tasks.TASKS[task], num_envs=1, obs_mode="state",
                             control_mode="pd_ee_delta_pose", render_mode="rgb_array",
-                            sim_backend="cpu", image_size=image_size, **(sim_config or {}))
+                            sim_backend="cpu", render_backend=render_backend,
+                            image_size=image_size, **(sim_config or {}))
         self.sim = self.env.unwrapped
         self.skills = Skills(self.env, self._grasp_yaw)
         self.workspace = dict(tasks.WORKSPACE_MM)
@@ -226,6 +234,51 @@ class PrimitiveSkill:
             plan.append(_act("place", goal))
             pos[f"{cube}_cube"] = goal  # where the plan leaves it, for the goals after it
         return plan
+
+    def demonstrate_turn(self, rng: np.random.Generator, noise: float, k: int,
+                         structured: bool = False) -> tuple[list[str], str, int]:
+        """A demonstration turn (actors/demonstrations.py): (the expert's next ``k`` skills, each
+        replaced with probability ``noise`` by a miss (its point moved 30 to 60 mm in x and y),
+        the state text the player predicts after them (a dict when ``structured``), how many
+        were misses)."""
+        actions, misses = [], 0
+        for action in (self.solve() or [])[:k]:
+            if rng.random() < noise:
+                name, args = action[:-1].split("(")
+                values = [int(v) for v in args.split(",")]
+                for i in (0, 1):
+                    values[i] += int(rng.choice([-1, 1]) * rng.integers(30, 61))
+                action, misses = self.parse_action(_act(name, values))[0], misses + 1
+            actions.append(action)
+        return actions, describe(self._predict(actions), structured), misses
+
+    def describe_state(self, structured: bool) -> str:
+        """The state as the demonstrations' <observation> writes it."""
+        return describe(self.positions_mm(), structured)
+
+    def reasoning(self) -> str:
+        """One sentence on the expert's next move (the demonstrations' <reasoning>)."""
+        pos = self.positions_mm()
+        for cube, goal in self._goals(pos):
+            if not self._placed(cube, goal, pos):
+                return f"The {cube} cube should go to ({goal[0]}, {goal[1]}), so I move it there."
+        return "The task is done."
+
+    def _predict(self, actions: list[str]) -> dict[str, tuple[int, int, int]]:
+        """The positions after ``actions`` if each works: a pick lifts the cube nearest its point
+        (within 30 mm) to the hand's home, a place puts the held cube at its point."""
+        pos, held = self.positions_mm(), None
+        for action in actions:
+            name, args = action[:-1].split("(")
+            p = tuple(int(v) for v in args.split(","))
+            cubes = [n for n in pos if n.endswith("_cube")]
+            if name == "pick":
+                near = min(cubes, key=lambda n: np.hypot(pos[n][0] - p[0], pos[n][1] - p[1]))
+                if np.hypot(pos[near][0] - p[0], pos[near][1] - p[1]) <= 30:
+                    held, pos[near] = near, HOLD_MM
+            elif name == "place" and held is not None:
+                pos[held], held = (p[0], p[1], p[2] - (REST_MM - 20)), None
+        return pos
 
     def _goals(self, pos: dict[str, tuple[int, int, int]]) -> list[tuple[str, tuple[int, int, int]]]:
         """(cube, where the expert places it), in order; a goal may depend on earlier cubes."""

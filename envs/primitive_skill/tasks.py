@@ -42,6 +42,31 @@ from mani_skill.utils.registration import register_env
 from mani_skill.utils.scene_builder.table import TableSceneBuilder
 from mani_skill.utils.structs.pose import Pose
 
+def _let_introspection_pass() -> None:
+    """trimesh (ManiSkill's) puts a placeholder in place of each missing optional dependency that
+    raises that ImportError on ANY attribute, so ``hasattr(placeholder, "__dict__")`` raises
+    instead of answering: code that walks every module's globals breaks on it (vLLM does so when an
+    engine starts in the same process: the single-process topology, tests). Asking a placeholder
+    for its ``__dict__`` now raises AttributeError (hasattr: False); every real use still raises
+    the ImportError."""
+    from trimesh import exceptions
+
+    wrapper = exceptions.ExceptionWrapper
+    if getattr(wrapper, "_introspectable", False):
+        return
+    original = wrapper.__getattribute__
+
+    def __getattribute__(self, name):
+        if name == "__dict__":
+            raise AttributeError(name)
+        return original(self, name)
+
+    wrapper.__getattribute__ = __getattribute__
+    wrapper._introspectable = True
+
+
+_let_introspection_pass()
+
 HALF = 0.02
 """A cube's half size (m)."""
 MIN_GAP = 2 * float(np.hypot(HALF, HALF)) + 0.01

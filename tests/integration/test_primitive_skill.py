@@ -168,3 +168,64 @@ def test_a_hung_simulator_step_times_out_and_its_worker_is_replaced():
         assert "red_cube" in pool.reset([1], [4])[0].text
         stats = pool.stats()
         assert (stats["timeouts"], stats["worker_restarts"], stats["failed_episodes"]) == (1, 1, 2)
+
+
+def test_demonstrations_succeed_without_noise_and_miss_with_it():
+    from actors.demonstrations import make_demonstrations
+    from launch.tiny_tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(seed=0)
+    config = resolve_config("primitive_skill", {"format": "grounding_worldmodeling",
+                                                "reasoning_reward": {"judge": "rule"}})
+    clean = make_demonstrations("primitive_skill", config, tokenizer, [1, 2], action_noise=0.0,
+                                rng_seed=0)
+    for traj in clean:
+        assert traj.metrics["success"] == 1.0 and traj.metrics["turns"] == 2.0
+        # format 0.5 + the reasoning judge (observation exact, prediction within a few mm) per
+        # turn, and 10 - 0.4 at the end
+        assert 2 * (0.5 + 0.5) + 9.6 < traj.metrics["reward"] <= 2 * (0.5 + 1.0) + 9.6
+        text = tokenizer.decode(traj.token_ids.tolist())
+        assert "<observation>red_cube: (" in text and "|place(80,-100,25)</answer>" in text
+    noisy = make_demonstrations("primitive_skill", config, tokenizer, [1, 2], action_noise=1.0,
+                                rng_seed=0)
+    for traj in noisy:  # every point missed by 30 to 60 mm: nothing is picked, no stage reached
+        assert traj.metrics["success"] == 0.0 and traj.metrics["random_action_share"] == 1.0
+
+
+def test_the_structured_format_asks_for_a_dict_and_demonstrations_write_one():
+    from actors.demonstrations import make_demonstrations
+    from launch.tiny_tokenizer import build_tokenizer
+
+    config = resolve_config("primitive_skill", {"format": "grounding_worldmodeling_structured",
+                                                "reasoning_reward": {"judge": "rule"}})
+    env = make("primitive_skill", **config)
+    try:
+        assert ("Write <observation> and <prediction> as a dict: {'red_cube': (x, y, z), "
+                "'green_cube': (x, y, z), 'left_target': (x, y, z), 'right_target': (x, y, z)}."
+                in env.system_prompt())
+    finally:
+        env.close()
+    tokenizer = build_tokenizer(seed=0)
+    (traj,) = make_demonstrations("primitive_skill", config, tokenizer, [1], action_noise=0.0,
+                                  rng_seed=0)
+    text = tokenizer.decode(traj.token_ids.tolist())
+    assert "<observation>{'red_cube': (" in text and "<prediction>{'red_cube': (" in text
+    assert traj.metrics["success"] == 1.0
+    assert traj.metrics["reward"] > 2 * (0.5 + 0.5 + 0.4) + 9.6  # the judge reads the dicts
+
+
+def test_trimeshs_placeholders_answer_hasattr_and_still_fail_when_used():
+    import sys
+
+    import envs.primitive_skill.tasks  # noqa: F401 - patches trimesh's placeholders
+    from trimesh.exceptions import ExceptionWrapper
+
+    placeholder = ExceptionWrapper(ModuleNotFoundError("No module named 'manifold3d'"))
+    assert not hasattr(placeholder, "__dict__")  # vLLM's scan of module globals asks this
+    with pytest.raises(ModuleNotFoundError):
+        placeholder.Manifold
+    with pytest.raises(ModuleNotFoundError):
+        placeholder()
+    for module in list(sys.modules.values()):  # the scan an engine start makes, here in full
+        for value in list(getattr(module, "__dict__", {}).values()):
+            hasattr(value, "__dict__")

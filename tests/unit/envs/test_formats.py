@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from envs.formats import FORMATS, Parsed, format_example, format_prompt, format_reward, parse
+from envs.formats import (FORMATS, STRUCTURED, Parsed, base_format, format_example, format_prompt,
+                          format_reward, parse)
 
 OBS, REASON, PRED, THINK = "The box is left of me.", "Push it right.", "The box moves right.", "Go on."
 TEXT_FIELDS = ("think", "observation", "reasoning", "prediction", "answer")
@@ -374,3 +375,20 @@ def test_format_prompt(fmt, action_example, sep, max_actions):
         assert pos >= 0, tag
     for other in set(NAMES) - set(re.findall(r"<([a-z]+)>", ex)):
         assert f"<{other}>" not in prompt
+
+
+@pytest.mark.parametrize("fmt", STRUCTURED)
+def test_a_structured_format_has_its_base_formats_tags(fmt):
+    base = base_format(fmt)
+    assert base + "_structured" == fmt and base in FORMATS
+    example = format_example(fmt, action_example="pick(1,2,3)")
+    assert example == format_example(base, action_example="pick(1,2,3)")
+    assert parse(example, fmt, action_sep="|") == parse(example, base, action_sep="|")
+    assert format_prompt(fmt, action_example="a") == format_prompt(base, action_example="a")
+
+
+def test_structured_variants_exist_only_for_formats_that_describe_the_state():
+    assert STRUCTURED == ("grounding_structured", "worldmodeling_structured",
+                          "grounding_worldmodeling_structured")
+    with pytest.raises(ValueError, match="unknown format"):
+        base_format("free_think_structured")

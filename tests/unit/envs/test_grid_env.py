@@ -279,3 +279,10 @@ def test_no_prompt_gives_the_turn_and_state_only_and_plays_the_same(name):
 def test_bad_config_is_rejected(name, config, error):
     with pytest.raises(error):
         make(name, **config)
+
+
+def test_a_structured_format_needs_a_game_that_states_a_dict():
+    from envs.registry import make, resolve_config
+
+    with pytest.raises(ValueError, match="has no state_dict"):
+        make("frozenlake", **resolve_config("frozenlake", {"format": "grounding_structured"}))

@@ -7,9 +7,11 @@ from __future__ import annotations
 import filecmp
 import json
 
+import numpy as np
 import pytest
 import torch
 
+from envs.registry import load_config
 from launch.tiny_model import build_tiny_model
 from launch.warm_start import PROCESSOR_FILES, config_defaults, main, parse_args
 
@@ -77,3 +79,18 @@ def test_command_line_defaults_are_the_root_configs_warm_start():
     assert (args.action_noise, args.actions_per_turn, args.seeds) == (0.3, None, 7)
     with pytest.raises(SystemExit):
         parse_args(["--model", "m", "--out", "o", "--noise", "0.3"])  # the old name is gone
+
+
+def test_demonstrations_built_in_processes_are_those_built_here(tmp_path):
+    from launch.warm_start import demonstrations
+
+    model = build_tiny_model(tmp_path / "tiny")
+    kwargs = {"action_noise": 0.3, "rng_seed": 5, "mistake": "random"}
+    config = load_config("frozenlake")
+    here = demonstrations(str(model), "frozenlake", config, range(10, 17), **kwargs)
+    apart = demonstrations(str(model), "frozenlake", config, range(10, 17), workers=3, **kwargs)
+    assert [d.episode_id for d in apart] == list(range(7)) == [d.episode_id for d in here]
+    for a, b in zip(here, apart):
+        assert (a.seed, a.metrics) == (b.seed, b.metrics)
+        assert np.array_equal(a.token_ids, b.token_ids)
+        assert np.array_equal(a.turn_rewards, b.turn_rewards)
