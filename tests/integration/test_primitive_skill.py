@@ -122,6 +122,28 @@ def test_the_same_seed_replays_the_same_episode():
         env.close()
 
 
+def test_two_simulators_in_one_process_play_as_each_does_alone():
+    def play(env, seed):
+        yield env_reset(env, seed).text
+        for _ in range(2):
+            yield env_step(env, _answer(env.solve()[:2])).observation.text
+
+    a, b = _env(task="PlaceTwoCube"), _env(task="StackThreeCube")
+    try:  # interleaved, as a worker holding two envs steps them
+        together = [list(x) for x in zip(*zip(play(a, 5), play(b, 6)))]
+    finally:
+        a.close()
+        b.close()
+    alone = []
+    for task, seed in (("PlaceTwoCube", 5), ("StackThreeCube", 6)):
+        env = _env(task=task)
+        try:
+            alone.append(list(play(env, seed)))
+        finally:
+            env.close()
+    assert together == alone
+
+
 def test_image_observations_are_the_task_camera():
     env = _env(task="PlaceTwoCube", render="image", image_size=64)
     try:
@@ -229,3 +251,35 @@ def test_trimeshs_placeholders_answer_hasattr_and_still_fail_when_used():
     for module in list(sys.modules.values()):  # the scan an engine start makes, here in full
         for value in list(getattr(module, "__dict__", {}).values()):
             hasattr(value, "__dict__")
+
+
+def test_a_demonstrated_miss_is_still_a_valid_action():
+    env = _env(task="PlaceTwoCube")
+    rng = np.random.default_rng(0)
+    try:
+        for seed in range(20):  # cubes near the workspace's edges: a miss is kept inside it
+            env_reset(env, seed)
+            for _ in range(10):
+                actions, prediction, misses = env.game.demonstrate_turn(rng, 1.0, 2)
+                assert misses == len(actions) == 2 and "red_cube: (" in prediction
+                assert all(env.game.parse_action(a) == (a, "") for a in actions)
+    finally:
+        env.close()
+
+
+def test_the_expert_redoes_a_cube_that_only_just_misses_its_target():
+    import torch
+
+    env = _env(task="PlaceTwoCube")
+    try:
+        env_reset(env, 0)
+        sim = env.game.sim
+        # red 50.06 mm from the left target's centre (just outside its 50 mm), green on the right
+        for name, (x, y) in {"red": (0.08 + 0.0354, -0.10 + 0.0354), "green": (0.08, 0.10)}.items():
+            cube = sim.cubes[name]
+            cube.set_pose(type(cube.pose).create_from_pq(p=torch.tensor([[x, y, 0.02]])))
+        assert env.game.positions_mm()["red_cube"][:2] == (115, -65)  # 49.5 mm, rounded
+        assert not env.game.success()
+        assert env.solve() == ["pick(115,-65,20)", "place(80,-100,25)"]
+    finally:
+        env.close()
