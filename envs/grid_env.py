@@ -1,15 +1,19 @@
 """GridEnv: VAGEN's layer (envs.protocol.Env, a gymnasium env) around one turn-based game.
 
 Built by the games' ``make_env`` (envs.frozenlake, envs.sokoban; envs.gym_game for any gymnasium
-env with discrete actions and a text rendering), which envs.registry calls. The
-game owns the rules, the map, the solver and the render data (see ``GridGame``); this class owns
-what is common to them: the answer format, the rewards of a turn, the observations and the prompt.
+env with discrete actions and a text rendering; envs.primitive_skill.game on ManiSkill), which
+envs.registry calls. The game owns the rules, the map, the solver and the render data (see
+``GridGame``); this class owns what is common to them: the answer format, the rewards of a turn,
+the observations and the prompt. A game may also have ``parse_action`` (actions with arguments),
+``image`` (a camera instead of the drawn grid), ``end_reward`` (paid on the episode's last turn),
+``judge_score`` (its own rule for the rule judge) and ``state_dict`` (for the structured formats).
 Invariants of ``step``:
 - An answer in the wrong format executes nothing and earns no format reward.
-- Actions are matched to ``action_space`` case-insensitively and executed in order up to the first
-  invalid one (the valid prefix runs; ``actions_valid`` is then False and the format reward 0),
-  and never past the end of the episode.
-- Reward = env reward of the executed actions + format reward + reasoning reward.
+- Actions are matched to ``action_space`` case-insensitively (or by the game's ``parse_action``)
+  and executed in order up to the first invalid one (the valid prefix runs; ``actions_valid`` is
+  then False and the format reward 0), and never past the end of the episode.
+- Reward = env reward of the executed actions (+ the game's ``end_reward`` on the last turn) +
+  format reward + reasoning reward.
 - The episode ends on success, on failure (``terminated``), or after ``max_turns`` turns
   (``truncated``); stepping it again raises.
 """
