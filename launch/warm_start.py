@@ -31,12 +31,15 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from actors.demonstrations import MISTAKES, REASONING, make_demonstrations
 from envs.grid_env import PROMPTS
+
+if TYPE_CHECKING:
+    from actors.vision import VisionTokens
 
 EVAL_SEED_OFFSET = 1_000_000
 """The first held-out seed (configs/train.yaml ``train.eval_seed_offset``)."""
@@ -85,8 +88,8 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     _say(f"warm start: building demonstrations of {n_seeds} {env_name} seeds")
     demos = demonstrations(str(model_path), env_name, env_config,
                            range(seed_offset, seed_offset + n_seeds), workers=workers,
-                           action_noise=action_noise, rng_seed=seed,
-                           actions_per_turn=actions_per_turn, mistake=mistake,
+                           tokenizer=tokenizer, vision=vision, action_noise=action_noise,
+                           rng_seed=seed, actions_per_turn=actions_per_turn, mistake=mistake,
                            reasoning=reasoning)
     with open(out / "warm_start.jsonl", "w", encoding="utf-8") as log:
 
@@ -127,15 +130,19 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
 
 
 def demonstrations(model_path: str, env_name: str, env_config: Mapping[str, Any],
-                   seeds: Sequence[int], *, workers: int = 1, **kwargs: Any) -> list:
+                   seeds: Sequence[int], *, workers: int = 1, tokenizer=None,
+                   vision: VisionTokens | None = None, **kwargs: Any) -> list:
     """``make_demonstrations`` of ``seeds`` with ``model_path``'s tokenizer (and image tokens),
     built in ``workers`` processes when > 1 (each on a contiguous share of the seeds, with its
-    own envs): the same demonstrations, in the same order, as in this process."""
+    own envs, loading the tokenizer itself): the same demonstrations, in the same order, as in
+    this process, which uses ``tokenizer`` and ``vision`` where given (else loads them)."""
     seeds = list(seeds)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if workers == 1 or len(seeds) < 2:
-        return _demonstrate(model_path, env_name, dict(env_config), seeds, 0, kwargs)
+        if tokenizer is None:
+            return _demonstrate(model_path, env_name, dict(env_config), seeds, 0, kwargs)
+        return make_demonstrations(env_name, env_config, tokenizer, seeds, vision=vision, **kwargs)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 

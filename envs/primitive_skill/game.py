@@ -73,7 +73,7 @@ def parse_action(text: str, workspace: dict[str, tuple[int, int]]) -> tuple[str 
         if not low - CLIP_MM <= v <= high + CLIP_MM:
             return None, f"{axis}={v} is outside the workspace [{low}, {high}]"
         clipped.append(min(max(v, low), high))
-    return f"{name}({','.join(map(str, clipped))})", ""
+    return _act(name, clipped), ""
 
 
 def describe(positions: dict[str, tuple[int, int, int]], structured: bool = False) -> str:
@@ -156,8 +156,8 @@ class PrimitiveSkill:
 
     def move(self, action: str) -> tuple[float, bool, bool]:
         """Execute one canonical action (``parse_action``'s); the reward comes at the end."""
-        name, args = action[:-1].split("(")
-        p = np.array([int(v) for v in args.split(",")], dtype=float) / 1000.0
+        name, values = _split(action)
+        p = np.array(values, dtype=float) / 1000.0
         getattr(self.skills, name)(*p.reshape(-1, 3))
         self.executed += 1
         success = self.success()
@@ -249,8 +249,7 @@ class PrimitiveSkill:
         actions, misses = [], 0
         for action in (self.solve() or [])[:k]:
             if rng.random() < noise:
-                name, args = action[:-1].split("(")
-                values = [int(v) for v in args.split(",")]
+                name, values = _split(action)
                 for i, axis in ((0, "x"), (1, "y")):  # a miss stays in the workspace
                     low, high = self.workspace[axis]
                     values[i] = min(max(values[i] + int(rng.choice([-1, 1]) *
@@ -276,8 +275,7 @@ class PrimitiveSkill:
         (within 30 mm) to the hand's home, a place puts the held cube at its point."""
         pos, held = self.positions_mm(), None
         for action in actions:
-            name, args = action[:-1].split("(")
-            p = tuple(int(v) for v in args.split(","))
+            name, p = _split(action)
             cubes = [n for n in pos if n.endswith("_cube")]
             if name == "pick":
                 near = min(cubes, key=lambda n: np.hypot(pos[n][0] - p[0], pos[n][1] - p[1]))
@@ -308,8 +306,15 @@ class PrimitiveSkill:
         return np.hypot(x - goal[0], y - goal[1]) < 15 and abs(z - (goal[2] - 5)) < 10
 
 
-def _act(name: str, p: tuple[int, int, int]) -> str:
+def _act(name: str, p) -> str:
+    """The canonical action text: ``pick(-42,57,20)``."""
     return f"{name}({','.join(str(int(v)) for v in p)})"
+
+
+def _split(action: str) -> tuple[str, list[int]]:
+    """A canonical action (``_act``'s, ``parse_action``'s) as (name, its integers)."""
+    name, args = action[:-1].split("(")
+    return name, [int(v) for v in args.split(",")]
 
 
 def make_env(*, task: str = "PlaceTwoCube", image_size: int = 300,

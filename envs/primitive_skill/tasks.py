@@ -87,7 +87,6 @@ class TableTask(BaseEnv):
     REGIONS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {}
     """cube -> ((x low, x high), (y low, y high)) of its centre at reset (m)."""
     INSTRUCTION = ""
-    STAGE_NAMES: tuple[str, ...] = ()
 
     def __init__(self, *args, robot_uids="panda", robot_init_qpos_noise=0.02, image_size=300,
                  **kwargs):
