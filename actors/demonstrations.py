@@ -4,8 +4,8 @@ player wrote, as token-in/token-out Trajectories exactly as the actor would have
 Called by launch/warm_start.py (supervised fine-tuning before RL). Works for the grid envs
 (envs.frozenlake, envs.sokoban: a ``GridEnv`` with a ``game`` that can ``solve()``), in every
 answer format of envs.formats.FORMATS, and for a game that plans its own demonstration turns
-(``demonstrate_turn`` and ``reasoning``: envs/primitive_skill/game.py, whose mistakes are missed
-points whatever ``mistake`` says).
+(``demonstrate_turn`` and ``reasoning``: envs/primitive_skill/game.py, whose ``"habit"`` puts a
+cube back where it was picked and whose other mistakes are missed points).
 
 Invariants:
 - Each turn's answer is written from the TRUE state: ``<observation>`` is ``env.state_text()``
@@ -141,7 +141,7 @@ def _choose(game, rng: np.random.Generator, noise: float, mistake: str, k: int,
     ``previous``: the episode's last action before this turn (None at its start)."""
     own = getattr(game, "demonstrate_turn", None)  # a simulator cannot be copied: it plans
     if own is not None:
-        return own(rng, noise, k, structured)
+        return own(rng, noise, k, structured, mistake)
     sim = copy.deepcopy(game)
     actions, n_random = [], 0
     for _ in range(k):

@@ -224,7 +224,7 @@ class PrimitiveSkill:
         if self.success():
             return []
         pos = self.positions_mm()
-        held = [n for n, c in self.sim.cubes.items() if bool(self.sim.agent.is_grasping(c)[0])]
+        held = [n for n in self.sim.cubes if bool(self.sim.held(n)[0])]
         plan: list[str] = []
         goals = self._goals(pos)
         for cube, goal in goals:
@@ -240,16 +240,25 @@ class PrimitiveSkill:
         return plan
 
     def demonstrate_turn(self, rng: np.random.Generator, noise: float, k: int,
-                         structured: bool = False) -> tuple[list[str], str, int]:
-        """A demonstration turn (actors/demonstrations.py): (the expert's next ``k`` skills, each
-        replaced with probability ``noise`` by a miss (its point moved 30 to 60 mm in x and in y,
-        kept in the workspace),
-        the state text the player predicts after them (a dict when ``structured``), how many
-        were misses)."""
-        actions, misses = [], 0
+                         structured: bool = False, mistake: str = "random"
+                         ) -> tuple[list[str], str, int]:
+        """A demonstration turn (actors/demonstrations.py): (the expert's next ``k`` skills, some
+        replaced by a mistake, the state text the player predicts after them (a dict when
+        ``structured``), how many were mistakes). The mistake, with probability ``noise`` each:
+        ``"habit"``, a place puts the cube back where this turn picked it (the same z; a place
+        with no pick before it in the turn stays the expert's): one systematic error, which
+        greedy decoding follows once it is the likelier choice and RL unlearns; any other
+        ``mistake``, a miss: any skill's point moved 30 to 60 mm in x and in y, kept in the
+        workspace."""
+        actions, misses, picked = [], 0, None
         for action in (self.solve() or [])[:k]:
-            if rng.random() < noise:
-                name, values = _split(action)
+            name, values = _split(action)
+            if name == "pick":
+                picked = values[:2]
+            if mistake == "habit":
+                if name == "place" and picked is not None and rng.random() < noise:
+                    action, misses = _act(name, picked + values[2:]), misses + 1
+            elif rng.random() < noise:
                 for i, axis in ((0, "x"), (1, "y")):  # a miss stays in the workspace
                     low, high = self.workspace[axis]
                     values[i] = min(max(values[i] + int(rng.choice([-1, 1]) *

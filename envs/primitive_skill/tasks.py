@@ -87,6 +87,7 @@ class TableTask(BaseEnv):
     REGIONS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {}
     """cube -> ((x low, x high), (y low, y high)) of its centre at reset (m)."""
     INSTRUCTION = ""
+    _contacts_stale = True
 
     def __init__(self, *args, robot_uids="panda", robot_init_qpos_noise=0.02, image_size=300,
                  **kwargs):
@@ -123,6 +124,9 @@ class TableTask(BaseEnv):
 
     def _initialize_episode(self, env_idx: torch.Tensor, options: dict):
         self.table_scene.initialize(env_idx)
+        # Contacts are those of the last physics step, the previous episode's, until this
+        # episode's first step: a cube held then would count as held now (see ``held``).
+        self._contacts_stale = True
         rng = self._episode_rng
         placed: list[np.ndarray] = []
         for name in self.CUBES:
@@ -147,7 +151,15 @@ class TableTask(BaseEnv):
     def _goal_positions(self) -> dict[str, tuple[float, float, float]]:
         return {}
 
-    def _held(self, name: str) -> torch.Tensor:
+    def step(self, action):
+        self._contacts_stale = False
+        return super().step(action)
+
+    def held(self, name: str) -> torch.Tensor:
+        """The gripper holds the ``name`` cube; never before an episode's first step (nothing is
+        held at reset, and the contacts read then are the previous episode's)."""
+        if self._contacts_stale:
+            return torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         return self.agent.is_grasping(self.cubes[name])
 
     def _on(self, upper: str, lower: str) -> torch.Tensor:
@@ -188,7 +200,7 @@ class PlaceTwoCube(TableTask):
         return torch.linalg.norm(self.cubes[cube].pose.p[:, :2] - xy, dim=1) <= self.TARGET_RADIUS
 
     def evaluate(self):
-        red_held, green_held = self._held("red"), self._held("green")
+        red_held, green_held = self.held("red"), self.held("green")
         red_in, green_in = self._in("red", "left_target"), self._in("green", "right_target")
         red_placed = red_in & ~red_held
         success = red_placed & green_in & ~green_held
@@ -204,7 +216,7 @@ class StackThreeCube(TableTask):
                    "the red cube.")
 
     def evaluate(self):
-        red_held, purple_held = self._held("red"), self._held("purple")
+        red_held, purple_held = self.held("red"), self.held("purple")
         red_on = self._on("red", "green") & ~red_held
         success = red_on & self._on("purple", "red") & ~purple_held
         return {"success": success,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from envs.pool import EnvPool
+from envs.primitive_skill.game import _split
 from envs.registry import make, resolve_config
 from envs.wire import EpisodeFailure
 from tests.envs_api import env_reset, env_step
@@ -263,6 +264,45 @@ def test_a_demonstrated_miss_is_still_a_valid_action():
                 actions, prediction, misses = env.game.demonstrate_turn(rng, 1.0, 2)
                 assert misses == len(actions) == 2 and "red_cube: (" in prediction
                 assert all(env.game.parse_action(a) == (a, "") for a in actions)
+    finally:
+        env.close()
+
+
+def test_a_cube_held_when_an_episode_ends_is_not_held_after_the_next_reset():
+    """Contacts are read from the last physics step: right after a reset they are the previous
+    episode's, and must not count (the start value, and the expert's plan, depend on them)."""
+    env = _env(task="PlaceTwoCube")
+    try:
+        env_reset(env, 0)
+        env.game.move(env.game.solve()[0])  # red is picked up, and the episode is dropped
+        assert bool(env.game.sim.held("red")[0]) and env.game.value() == 2.0
+        for seed in (1, 2):
+            env_reset(env, seed)
+            assert not env.game.sim.held("red")[0] and env.game._start_value == 0.0
+            assert env.game.solve()[0].startswith("pick")
+    finally:
+        env.close()
+
+
+def test_the_habit_mistake_puts_the_cube_back_where_the_turn_picked_it():
+    env = _env(task="PlaceTwoCube")
+    try:
+        for seed in range(3):
+            env_reset(env, seed)
+            expert = env.game.solve()[:2]
+            rng = np.random.default_rng(seed)
+            assert env.game.demonstrate_turn(rng, 0.0, 2, mistake="habit")[0] == expert
+            actions, prediction, misses = env.game.demonstrate_turn(rng, 1.0, 2, mistake="habit")
+            (pick, p), (place, q) = (_split(a) for a in actions)
+            assert (pick, place, misses) == ("pick", "place", 1) and actions[0] == expert[0]
+            assert q == p[:2] + _split(expert[1])[1][2:]  # back at the pick's x, y
+            red = env.game.positions_mm()["red_cube"]  # the expert picks red first
+            assert f"red_cube: ({p[0]}, {p[1]}," in prediction and p[:2] == list(red[:2])
+            assert all(env.game.parse_action(a) == (a, "") for a in actions)
+            env.game.move(expert[0])  # red is held: the next turn begins with its place
+            rest = env.game.demonstrate_turn(rng, 1.0, 2, mistake="habit")
+            plan = env.game.solve()[:2]
+            assert plan[0].startswith("place") and (rest[0], rest[2]) == (plan, 0)
     finally:
         env.close()
 
