@@ -57,7 +57,7 @@ from transport.channels import TrajectorySink, trajectory_sink
 log = logging.getLogger(__name__)
 
 COUNTS = ("episodes_started", "episodes_done", "episodes_failed", "episodes_unsent",
-          "tokens_generated", "weight_updates", "weight_update_failures")
+          "tokens_generated", "weight_updates", "weight_update_failures", "weights_torn")
 """Counters in ``stats()``, next to ``failed/<reason>`` per failure reason, ``episodes_sent``,
 and (whole_groups) ``groups_partial`` and ``episodes_held`` (actors/groups.py)."""
 TIMES = ("engine_start_s", "generate_s", "env_s", "weights_s", "idle_s")
@@ -330,8 +330,10 @@ class InferenceActor:
 
         Requests in flight are kept: they pause, and continue on the new weights with their KV
         recomputed. The learner publishes concurrently (the receive blocks until it does, at most
-        the group's timeout). Raises ``WeightUpdateError`` on failure, with generation resumed on
-        the old weights: re-form the group and call ``join_weight_group`` again.
+        the group's timeout). Raises ``WeightUpdateError`` on failure: generation resumes on the
+        old weights if none of the new ones was loaded; if some were (the weights arrive and
+        load bucket by bucket), it stays paused (``weights_torn`` counts it) until the next
+        complete update. Either way: re-form the group, ``join_weight_group`` and update again.
         """
         self._require_started()
         async with self._update_lock:
@@ -342,11 +344,17 @@ class InferenceActor:
             try:
                 received = await self.engine.collective_rpc("receive_weights")
             except Exception as e:
-                await self.engine.resume_generation()
                 self.counts["weight_update_failures"] += 1
                 self.times["weights_s"] += time.perf_counter() - t0
+                if await self._weights_intact():
+                    await self.engine.resume_generation()
+                    raise WeightUpdateError(f"actor {self.cfg.actor_id}: receiving version "
+                                            f"{version} failed, still serving version "
+                                            f"{self.version}: {e}") from e
+                self.counts["weights_torn"] += 1  # part of the new weights is loaded: stay paused
                 raise WeightUpdateError(f"actor {self.cfg.actor_id}: receiving version {version} "
-                                        f"failed, still serving version {self.version}: {e}") from e
+                                        f"failed half-way; generation stays paused until a "
+                                        f"complete update: {e}") from e
             t2 = time.perf_counter()
             got = int(received[0])
             if got != version:  # label the truth: the tokens are sampled with what arrived
@@ -361,6 +369,12 @@ class InferenceActor:
         self.counts["weight_updates"] += 1
         self.times["weights_s"] += t3 - t0
         return {"version": got, "pause_s": t1 - t0, "receive_s": t2 - t1, "total_s": t3 - t0}
+
+    async def _weights_intact(self) -> bool:
+        try:
+            return all(await self.engine.collective_rpc("weights_intact"))
+        except Exception:  # noqa: BLE001 - a worker that cannot say is not trusted
+            return False
 
     # --- evaluation and statistics ------------------------------------------------------------
     async def evaluate(self, seeds: list[int], temperature: float = 0.0) -> dict[str, float]:

@@ -3,8 +3,9 @@
 vLLM mixes this class into its Worker when an engine is built with
 ``worker_extension_cls="actors.vllm_extension.WeightSyncExtension"``; the actor reaches these
 methods through ``collective_rpc``. Receiving inside the worker process is what makes the update
-cheap: the broadcast lands in flat buffers there and ``reload_weights`` loads views of them, with
-no tensor ever crossing the engine's RPC (only the group's address and the version do).
+cheap: the broadcast lands bucket by bucket in flat buffers there and ``reload_weights`` loads
+views of each bucket as it arrives, with no tensor ever crossing the engine's RPC (only the
+group's address and the version do).
 
 Invariants: one subscriber per worker, ranks given by the actor (1..world_size-1; the learner's
 rank 0 is the source); every wait is bounded by the group's timeout, never by a timeout on
@@ -36,6 +37,7 @@ class RotaryCacheFilter(logging.Filter):
 
 class WeightSyncExtension:
     _weight_subscriber: WeightSink | None = None
+    _weights_torn = False
 
     def join_weight_group(self, address: str, rank: int, world_size: int,
                           timeout_s: float = 60.0) -> None:
@@ -50,13 +52,26 @@ class WeightSyncExtension:
                                               timeout_s=timeout_s)
 
     def receive_weights(self) -> int:
-        """Block until the next broadcast, load it into the model; returns its version."""
+        """Block until the next broadcast, load it into the model bucket by bucket as it
+        arrives; returns its version. If it fails after the first tensor was loaded, the model
+        holds a mix of two versions until the next complete receive (``weights_intact``)."""
         if self._weight_subscriber is None:
             raise RuntimeError("join_weight_group first")
         version, named_tensors = self._weight_subscriber.receive()
-        self.reload_weights(weights_iterator=named_tensors)
-        heap.trim()  # what the reload freed; the subscriber's buffers stay (transport/heap.py)
+        self.reload_weights(weights_iterator=self._loading(named_tensors))
+        self._weights_torn = False
+        heap.trim()  # what the reload freed, the received buckets included (transport/heap.py)
         return version
+
+    def _loading(self, named_tensors):
+        for item in named_tensors:
+            self._weights_torn = True
+            yield item
+
+    def weights_intact(self) -> bool:
+        """False after a receive that failed half-way: generating now would use a mix of two
+        versions' weights."""
+        return not self._weights_torn
 
     def leave_weight_group(self) -> None:
         if self._weight_subscriber is not None:

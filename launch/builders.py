@@ -89,7 +89,8 @@ def worker_config(cfg: RunConfig, model_path: str):
         threads=cfg.learner.threads, dist_timeout_s=cfg.learner.dist_timeout_s,
         max_staleness=cfg.learner.max_staleness, on_stale=cfg.learner.on_stale,
         group_size=cfg.actors.group_size, partial_groups=cfg.learner.partial_groups,
-        window_bytes=cfg.transport.window_bytes, weight_timeout_s=cfg.transport.weight_timeout_s)
+        window_bytes=cfg.transport.window_bytes, weight_timeout_s=cfg.transport.weight_timeout_s,
+        weight_bucket_bytes=int(cfg.transport.weight_bucket_mb * (1 << 20)))
 
 
 def prepare_model(cfg: RunConfig, run_dir: Path,

@@ -187,6 +187,13 @@ class TransportConfig:
     """The weight group's store port; 0: a free one."""
     weight_timeout_s: float = 120.0
     """A silent peer fails a weight push after this long."""
+    weight_bucket_mb: float = 256
+    """The weights travel in flat buckets of at most this many MiB (a larger tensor alone): the
+    memory a push needs beyond the model, on the learner's rank 0 and in each engine."""
+
+    def __post_init__(self) -> None:
+        if self.weight_bucket_mb <= 0:
+            raise ValueError(f"transport.weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
 
 
 @dataclass

@@ -145,7 +145,8 @@ def grpo(scores: torch.Tensor, group_ids: torch.Tensor, *, eps: float = 1e-6,
     s = scores.to(torch.float64)
     _, group = torch.unique(group_ids, return_inverse=True)
     n_groups = int(group.max()) + 1 if group.numel() else 0
-    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(s))
+    count = torch.zeros(n_groups, dtype=torch.float64, device=s.device).index_add_(
+        0, group, torch.ones_like(s))
     mean = torch.zeros_like(count).index_add_(0, group, s) / count
     dev = s - mean[group]
     sq = torch.zeros_like(count).index_add_(0, group, dev * dev)

@@ -176,6 +176,8 @@ class WorkerConfig:
     """Rank 0's stream: bytes in flight per actor."""
     weight_timeout_s: float = 120.0
     """A silent peer fails a weight push after this long."""
+    weight_bucket_bytes: int = 256 << 20
+    """The most bytes of one bucket of the weight broadcast (transport/packing.py)."""
 
     def __post_init__(self) -> None:
         self.cores = tuple(self.cores)

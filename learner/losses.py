@@ -218,7 +218,7 @@ def _clean(mask: torch.Tensor, *tensors: torch.Tensor):
     for t in tensors:
         if t.shape != mask.shape:
             raise ValueError(f"shape {tuple(t.shape)} does not match mask {tuple(mask.shape)}")
-    return tuple(torch.where(mask, t, torch.zeros((), dtype=t.dtype)) for t in tensors)
+    return tuple(torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device)) for t in tensors)
 
 
 def _clipped_surrogate(log_ratio, advantages, mask, clip_low, clip_high, dual_clip):

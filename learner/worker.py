@@ -159,7 +159,8 @@ class LearnerWorker:
                                window_bytes=cfg.window_bytes, group_size=cfg.group_size,
                                partial_groups=cfg.partial_groups)
             self.publisher = weight_source(weight_address, world_size=weight_world_size,
-                                           timeout_s=cfg.weight_timeout_s)
+                                           backend=backend, timeout_s=cfg.weight_timeout_s,
+                                           bucket_bytes=cfg.weight_bucket_bytes)
             out.update(stream_address=self.inbox.address, weight_address=self.publisher.address)
         return out
 
@@ -193,13 +194,17 @@ class LearnerWorker:
 
     def publish_weights(self) -> dict[str, float]:
         """Broadcast the current weights as ``self.version``; collective over the learner ranks
-        (the state dict is gathered), and over the weight group (the actors receive at once)."""
+        (each tensor is gathered from its shards as the broadcast reaches it, in buckets of
+        ``weight_bucket_bytes``), and over the weight group (the actors receive at once)."""
         t0 = time.perf_counter()
-        state = self.trainer.state_dict_for_publish()
-        t1 = time.perf_counter()
-        if self.publisher is not None:
-            self.publisher.publish(state.items(), self.version)
-        return {"weights/gather_s": t1 - t0, "weights/publish_s": time.perf_counter() - t1,
+        specs, tensors = self.trainer.weights_for_publish()
+        try:
+            if self.publisher is not None:
+                self.publisher.publish(tensors, self.version, specs=specs)
+        finally:  # the other ranks gather with this one to the last tensor, also after a failure
+            for _ in tensors:
+                pass
+        return {"weights/publish_s": time.perf_counter() - t0,
                 "weights/version": float(self.version)}
 
     def reform_weight_group(self, world_size: int) -> int:

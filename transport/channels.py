@@ -23,14 +23,14 @@ looks the name up, so the source comes first (``ConnectionError`` otherwise).
 from __future__ import annotations
 
 import threading
-from typing import Iterable, Mapping, Protocol, runtime_checkable
+from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from transport.inprocess import InProcessTrajectoryChannel, InProcessWeights
 from transport.schema import Trajectory
 from transport.stream import CurveKeys, TrajectoryReceiver, TrajectorySender
-from transport.weights import WeightPublisher, WeightSubscriber
+from transport.weights import DEFAULT_BUCKET_BYTES, WeightPublisher, WeightSubscriber
 
 INPROC = "inproc://"
 
@@ -110,7 +110,11 @@ class WeightSource(Protocol):
         """Where sinks connect (port 0 resolved)."""
         ...
 
-    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                specs: Sequence[tuple[str, str, Sequence[int]]] | None = None) -> None:
+        """``specs``: each tensor's ``(name, dtype name, shape)``, in order, when
+        ``named_tensors`` is a lazy iterator (read one tensor at a time, never ahead)."""
+        ...
 
     def reform(self, world_size: int) -> int: ...
 
@@ -121,13 +125,15 @@ class WeightSource(Protocol):
 class WeightSink(Protocol):
     """One inference worker's end of the weight channel.
 
-    ``receive`` waits for the next publish and returns ``(version, [(name, tensor), ...])`` in
-    publish order; versions come in order (a repeat only after a reform). The tensors are the
-    caller's to read, not to write, and only until the next ``receive``. A failed group or a
-    wait past the backend's timeout raises ``WeightSyncError``.
+    ``receive`` waits for the next publish and returns ``(version, tensors)``: ``(name,
+    tensor)`` pairs, each once, which may still be arriving while the caller reads them (bucket
+    by bucket: read them to the end before the next ``receive``); versions come in order (a
+    repeat only after a reform). The tensors are the caller's to read, not to write. A failed
+    group or a wait past the backend's timeout raises ``WeightSyncError``, from ``receive`` or
+    while the tensors are read.
     """
 
-    def receive(self) -> tuple[int, list[tuple[str, torch.Tensor]]]: ...
+    def receive(self) -> tuple[int, Iterable[tuple[str, torch.Tensor]]]: ...
 
     def close(self) -> None: ...
 
@@ -160,17 +166,19 @@ def trajectory_sink(address: str, actor_id: int, *,
 
 
 def weight_source(address: str, *, world_size: int, backend: str | None = None,
-                  timeout_s: float = 60.0) -> WeightSource:
+                  timeout_s: float = 60.0, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSource:
     """The publisher, for ``world_size`` ranks (itself included); in-process ignores the rest."""
     if not address.startswith(INPROC):
         host, port = _host_port(address)
-        return WeightPublisher(host, port, world_size, backend=backend, timeout_s=timeout_s)
+        return WeightPublisher(host, port, world_size, backend=backend, timeout_s=timeout_s,
+                               bucket_bytes=bucket_bytes)
     return _register(_inproc_weights, InProcessWeights(address))
 
 
 def weight_sink(address: str, *, rank: int, world_size: int | None = None,
-                backend: str = "gloo", timeout_s: float = 60.0) -> WeightSink:
-    """Subscriber ``rank`` (1..world_size-1; None: the publisher's current world size).
+                backend: str | None = None, timeout_s: float = 60.0) -> WeightSink:
+    """Subscriber ``rank`` (1..world_size-1; None: the publisher's current world size);
+    ``backend`` None: the publisher's.
 
     In-process uses ``timeout_s`` only: subscribers need no ranks there.
     """

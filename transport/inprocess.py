@@ -154,8 +154,10 @@ class InProcessWeights:
     def subscriber(self, *, timeout_s: float = 60.0) -> InProcessWeightSubscriber:
         return InProcessWeightSubscriber(self, timeout_s)
 
-    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Store clones of ``named_tensors`` as ``version`` and wake the subscribers."""
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                specs=None) -> None:
+        """Store clones of ``named_tensors`` as ``version`` and wake the subscribers (one
+        process: the whole state is kept, ``specs`` is not needed)."""
         last = self.last_version
         if last is not None and (version < last or (version == last and not self._resend_ok)):
             raise ValueError(f"version {version} does not increase on {last}")

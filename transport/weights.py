@@ -1,45 +1,59 @@
 """The weight broadcast: learner rank 0 -> every inference worker, in a process group of its own.
 
 ``WeightPublisher`` runs on the learner's rank 0; ``WeightSubscriber`` runs inside each inference
-worker (the actor's vLLM ``worker_extension_cls`` method receives, then hands the views to
-``reload_weights``). Depends on torch only: no Ray, no event loop, no default process group.
+worker (the actor's vLLM ``worker_extension_cls`` method receives, and hands the tensors to
+``reload_weights`` as they arrive). Depends on torch only: no Ray, no event loop, no default
+process group.
 
 Group: the publisher hosts a ``TCPStore`` (port 0 picks a free port, see ``.port``); the group of
 rank 0 (publisher, the broadcast source) and ranks 1..world_size-1 (subscribers) rendezvouses
-under the store prefix ``weights/{generation}``. Gloo on CPU, NCCL for CUDA tensors. Both ends
-form the group lazily, at their first publish / receive of a generation; each side waits at most
-``timeout_s`` for the other. After a ``WeightSyncError`` the group is spent: the driver calls
+under the store prefix ``weights/{generation}``. The backend follows the publisher's tensors: gloo
+for host memory, NCCL for GPU memory (each subscriber then receives into its own GPU's memory);
+the publisher records it in its store, where subscribers read it. Both ends form the group
+lazily, at their first publish / receive of a generation; each side waits at most ``timeout_s``
+for the other. After a ``WeightSyncError`` the group is spent: the driver calls
 ``publisher.reform(world_size)`` (a new generation, also to admit a new or restarted worker) and
 every live subscriber ``join(generation)``; the next publish / receive forms the new group.
 
 Wire protocol of one publish, every message a broadcast from rank 0 (as uint8 bytes):
 1. header, int64[3]: ``[version, layout digest, layout byte count]``; the count is 0 when this
    group already has the layout (the same layout as the last publish): nothing is resent;
-2. only if the count is > 0: the layout as JSON ``[[name, dtype, shape], ...]``, see
-   transport/packing.py (which also derives the offsets, identically on both ends);
-3. one flat buffer per dtype, in dtype-name order, empty ones skipped.
+2. only if the count is > 0: the layout as JSON (names, dtypes, shapes and the bucket size), see
+   transport/packing.py, which derives the buckets from it identically on both ends;
+3. the buckets, each one flat buffer of at most ``bucket_bytes`` (a single larger tensor alone),
+   in the layout's order; buckets of no bytes are skipped.
+
+Memory: the publisher reads its tensors one at a time (a lazy iterator: the learner gathers
+each from its FSDP shards when the publish reaches it) and sends each bucket as soon as its last
+tensor is packed, reusing the buffers; a subscriber receives each bucket into a fresh buffer and
+yields its tensors before receiving the next, so the reader (vLLM's weight loader) loads a bucket
+while the next is on its way and the memory beyond the model is about one bucket per dtype on
+either side (plus what the reader itself holds back).
 
 Invariants: versions strictly increase (the publisher refuses, a subscriber raises otherwise),
 except that the first publish of a new generation may repeat the last version (a publish that
-failed for some workers, or the current weights for a restarted worker, is re-sent). ``receive`` returns views into buffers reused while the layout stays
-the same: they hold the next version's weights after the next ``receive``. Every wait is
-bounded by ``timeout_s`` (gloo): a killed peer makes the other side raise within about a second,
-a silent one at ``timeout_s`` (gloo's sends wait for the receiver, even for the header). So
-publish and receive are called together (the driver triggers both), within ``timeout_s``.
+failed for some workers, or the current weights for a restarted worker, is re-sent). A publish
+is read to its end before the next ``receive`` (a subscriber that stopped half-way is out of
+step with the group: its next ``receive`` raises). Every wait is bounded by ``timeout_s`` (gloo):
+a killed peer makes the other side raise within about a second, a silent one at ``timeout_s``
+(gloo's sends wait for the receiver, even for the header). So publish and receive are called
+together (the driver triggers both), within ``timeout_s``.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Iterable
+from typing import Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
-from transport.packing import Layout
+from transport import heap
+from transport.packing import DTYPES, Bucket, Layout, dtype_name
 
 SOURCE = 0  # the publisher's rank: the only broadcast source
-_CURRENT = "weights/current"  # store key: "{generation} {world_size}", for subscribers that ask
+_CURRENT = "weights/current"  # store key: "{generation} {world_size} {backend}", for subscribers
+DEFAULT_BUCKET_BYTES = 256 << 20
 
 
 class WeightSyncError(RuntimeError):
@@ -115,22 +129,30 @@ class WeightPublisher(_Member):
     """Learner rank 0: hosts the rendezvous store and broadcasts named tensors from rank 0.
 
     ``world_size`` counts the publisher: 1 + the number of subscribers. ``backend`` None picks
-    NCCL if the first publish has a CUDA tensor, gloo otherwise. With NCCL, every process sets its
-    CUDA device (``torch.cuda.set_device``) before its first publish / receive.
+    NCCL if the first tensor of the first publish is on a GPU, gloo otherwise; subscribers learn
+    it from the store when they form a group. With NCCL, every process sets its CUDA device
+    (``torch.cuda.set_device``) before its first publish / receive. ``bucket_bytes``: the most
+    bytes one bucket holds (0: one bucket per dtype, the whole model at once).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, world_size: int = 2, *,
-                 backend: str | None = None, timeout_s: float = 60.0):
+                 backend: str | None = None, timeout_s: float = 60.0,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=timeout_s))
         super().__init__(store, SOURCE, backend, timeout_s)
         self.port: int = store.port
         self.address = f"tcp://{host}:{self.port}"
         """Where subscribers find the store (see transport/channels.py's ``weight_sink``)."""
+        self.bucket_bytes = int(bucket_bytes)
         self.layouts_sent = 0
+        self.buckets_sent = 0
+        self.peak_buffer_bytes = 0
+        """The most bytes of bucket buffers the publisher has held at once."""
         self.last_version: int | None = None
         self._layout: Layout | None = None
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._free: dict[str, list[torch.Tensor]] = {}  # dtype -> buffers to reuse
+        self._held = 0
         self._layout_in_group = False
         self.reform(world_size)
 
@@ -139,78 +161,153 @@ class WeightPublisher(_Member):
         self._new_generation(self.generation + 1, world_size)
         self._layout_in_group = False
         self._resend_ok = True
-        self._store.set(_CURRENT, f"{self.generation} {world_size}")
+        self._record()
         return self.generation
 
-    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def _record(self) -> None:
+        self._store.set(_CURRENT, f"{self.generation} {self.world_size} {self.backend or '-'}")
+
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                specs: Sequence[tuple[str, str, Sequence[int]]] | None = None) -> None:
         """Broadcast ``named_tensors`` as ``version``; ``WeightSyncError`` if the group fails.
 
-        The first publish of a generation may repeat the last version (to bring a restarted
-        worker up to date); otherwise versions strictly increase.
+        ``specs``: every tensor's ``(name, dtype name, shape)`` in order, when ``named_tensors``
+        is a lazy iterator (each tensor read only when the publish reaches it; nothing is read
+        ahead); without ``specs`` the tensors are listed first. A tensor that does not match its
+        spec raises ``ValueError`` (the group is then spent: re-form it). The first publish of
+        a generation may repeat the last version (to bring a restarted worker up to date);
+        otherwise versions strictly increase.
         """
-        named = list(named_tensors)
         last = self.last_version
         if last is not None and (version < last or (version == last and not self._resend_ok)):
             raise ValueError(f"version {version} does not increase on {last}")
+        tensors = iter(named_tensors)
+        if specs is None:
+            listed = list(tensors)
+            specs = [(n, dtype_name(t.dtype, f"tensor {n!r}"), t.shape) for n, t in listed]
+            tensors = iter(listed)
+        first = next(tensors, None)
         if self.backend is None:
-            self.backend = "nccl" if any(t.is_cuda for _, t in named) else "gloo"
-        layout = Layout.of(named)
+            self.backend = "nccl" if first is not None and first[1].is_cuda else "gloo"
+            self._record()
+        layout = Layout.build(specs, self.bucket_bytes)
         if layout != self._layout:
-            self._layout, self._buffers = layout, layout.allocate(_device(self.backend))
+            self._layout, self._free = layout, {}
             self._layout_in_group = False
-        layout.pack([t for _, t in named], self._buffers)
         payload = b"" if self._layout_in_group else layout.to_bytes()
-        header = torch.tensor([version, layout.digest, len(payload)], dtype=torch.int64)
         device = _device(self.backend)
+        header = torch.tensor([version, layout.digest, len(payload)], dtype=torch.int64)
         try:
             group = self._formed_group()
             _broadcast(group, header.to(device))
             if payload:
                 raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
                 _broadcast(group, raw.to(device))
-            for buffer in self._buffers.values():
-                _broadcast(group, buffer)
-        except RuntimeError as e:  # gloo errors and store timeouts (DistError) are RuntimeErrors
+            self._layout_in_group = True  # sent: a failure below spends the group anyway
+            self._send_buckets(group, layout, [first] if first else [], tensors, device)
+        except (RuntimeError, ValueError) as e:  # gloo/NCCL errors, store timeouts, a bad tensor
             raise self._fail(f"publish of version {version} failed", e) from e
         self.layouts_sent += bool(payload)
-        self._layout_in_group = True
         self.last_version, self._resend_ok = version, False
+
+    def _send_buckets(self, group, layout: Layout, first: list, tensors: Iterator,
+                      device: torch.device) -> None:
+        buckets, filling = layout.buckets, {}  # bucket index -> its buffer, while being filled
+        sent = 0
+        for position, (name, tensor) in enumerate(_chain(first, tensors)):
+            if position >= len(layout.entries):
+                raise ValueError(f"more tensors than the {len(layout.entries)} of the specs")
+            entry = layout.entries[position]
+            if (name, dtype_name(tensor.dtype, name), tuple(tensor.shape)) != (
+                    entry.name, entry.dtype, entry.shape):
+                raise ValueError(f"tensor {position} is {name!r} {tensor.dtype} "
+                                 f"{tuple(tensor.shape)}; the specs say {entry.name!r} "
+                                 f"{entry.dtype} {entry.shape}")
+            bucket = buckets[entry.bucket]
+            if entry.bucket not in filling:
+                filling[entry.bucket] = self._take(bucket, device)
+            bucket.view(entry, filling[entry.bucket]).copy_(tensor)
+            while sent < len(buckets) and buckets[sent].last <= position:
+                self._send(group, buckets[sent], filling.pop(buckets[sent].index, None))
+                sent += 1
+        while sent < len(buckets):  # only buckets of empty tensors are left
+            if buckets[sent].numel:
+                raise ValueError(f"{len(layout.entries)} tensors in the specs, fewer were given")
+            sent += 1
+
+    def _take(self, bucket: Bucket, device: torch.device) -> torch.Tensor:
+        free = self._free.setdefault(bucket.dtype, [])
+        if free:
+            buffer = free.pop()
+        else:  # big enough for any bucket of the dtype, so every buffer fits every bucket
+            numel = max(b.numel for b in self._layout.buckets if b.dtype == bucket.dtype)
+            buffer = torch.empty(numel, dtype=DTYPES[bucket.dtype], device=device)
+        self._held += buffer.numel() * buffer.element_size()
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, self._held)
+        return buffer[:bucket.numel]
+
+    def _send(self, group, bucket: Bucket, buffer: torch.Tensor | None) -> None:
+        if buffer is None:  # a bucket of empty tensors: nothing travels
+            return
+        _broadcast(group, buffer)
+        self.buckets_sent += 1
+        whole = buffer._base if buffer._base is not None else buffer
+        self._held -= whole.numel() * whole.element_size()
+        self._free.setdefault(bucket.dtype, []).append(whole)
+
+
+def _chain(first: list, rest: Iterator) -> Iterator:
+    yield from first
+    yield from rest
 
 
 class WeightSubscriber(_Member):
     """One inference worker's end: joins the publisher's group as ``rank`` (1..world_size-1).
 
-    ``generation`` / ``world_size`` None: the publisher's current ones, read from its store.
+    ``generation`` / ``world_size`` None: the publisher's current ones, read from its store;
+    ``backend`` None: the publisher's (read from its store when the group forms).
     """
 
     def __init__(self, host: str, port: int, rank: int, world_size: int | None = None, *,
-                 generation: int | None = None, backend: str = "gloo", timeout_s: float = 60.0):
+                 generation: int | None = None, backend: str | None = None,
+                 timeout_s: float = 60.0):
         store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
         super().__init__(store, rank, backend, timeout_s)
+        self._backend_given = backend
         self.layouts_received = 0
         self.last_version: int | None = None
         self._layout: Layout | None = None
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._views: list[tuple[str, torch.Tensor]] = []
+        self._reading = False  # a publish is being read
         self._rejoined = True
         self.join(generation, world_size)
 
     def join(self, generation: int | None = None, world_size: int | None = None) -> int:
         """Leave the current group for ``generation`` (None: the publisher's current one)."""
         if generation is None or world_size is None:
-            current, size = map(int, self._store.get(_CURRENT).decode().split())
+            current, size, _ = self._current()
             generation = current if generation is None else generation
             world_size = size if world_size is None else world_size
         if not 0 < self.rank < world_size:
             raise ValueError(f"rank {self.rank} is no subscriber rank in world size {world_size}")
         self._new_generation(generation, world_size)
-        self._rejoined = True
+        self._rejoined, self._reading = True, False
         return generation
 
-    def receive(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
-        """Wait for the next publish: ``(version, [(name, view), ...])``, in publish order."""
-        device = _device(self.backend)
+    def _current(self) -> tuple[int, int, str | None]:
+        generation, size, backend = self._store.get(_CURRENT).decode().split()
+        return int(generation), int(size), None if backend == "-" else backend
+
+    def receive(self) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
+        """Wait for the next publish: ``(version, tensors)``; ``tensors`` yields ``(name,
+        tensor)`` in publish order, receiving each bucket when the reader reaches it. Read it
+        to its end before the next ``receive``. Each tensor is a view into its bucket's own
+        buffer (never reused), so it stays valid as long as the reader keeps it."""
+        if self._reading:
+            raise self._fail("receive", RuntimeError("the previous publish was not read to its end"))
         try:
+            if self.backend is None and self._group is None:
+                self.backend = self._backend_given or self._current()[2] or "gloo"
+            device = _device(self.backend)
             group = self._formed_group()
             header = torch.empty(3, dtype=torch.int64, device=device)
             _broadcast(group, header)
@@ -218,21 +315,30 @@ class WeightSubscriber(_Member):
             if nbytes:
                 raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
                 _broadcast(group, raw)
-                self._adopt(Layout.from_bytes(raw.cpu().numpy().tobytes()), device)
+                self.layouts_received += 1
+                self._layout = Layout.from_bytes(raw.cpu().numpy().tobytes())
             if self._layout is None or digest != self._layout.digest:
                 raise RuntimeError(f"layout digest {digest} does not match the layout held")
             last = self.last_version
             if last is not None and (version < last or (version == last and not self._rejoined)):
                 raise RuntimeError(f"version {version} after version {last}")
-            for buffer in self._buffers.values():
-                _broadcast(group, buffer)
         except (RuntimeError, ValueError) as e:  # ValueError: a layout that does not parse
             raise self._fail("receive failed", e) from e
-        self.last_version, self._rejoined = version, False
-        return version, self._views
+        self._reading = True
+        return version, self._tensors(group, self._layout, version, device)
 
-    def _adopt(self, layout: Layout, device: torch.device) -> None:
-        self.layouts_received += 1
-        if layout != self._layout:
-            self._layout, self._buffers = layout, layout.allocate(device)
-            self._views = layout.unpack(self._buffers)
+    def _tensors(self, group, layout: Layout, version: int, device: torch.device
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+        for bucket in layout.buckets:
+            buffer = bucket.allocate(device)
+            try:
+                _broadcast(group, buffer)
+            except RuntimeError as e:
+                self._reading = False
+                raise self._fail(f"receive of version {version}, bucket {bucket.index}", e) from e
+            yield from bucket.unpack(buffer)
+            del buffer  # the reader's views keep it as long as it needs them
+            heap.trim()  # what the reader let go: a freed bucket under glibc's mmap threshold
+            # (32 MiB at most) stays in the heap, and the heap grew by a bucket each time
+        self._reading = False
+        self.last_version, self._rejoined = version, False

@@ -1,45 +1,61 @@
-"""Benchmark: the weight broadcast (transport/weights.py) against an in-place memcpy.
+"""Benchmark: the weight broadcast (transport/weights.py) against an in-place memcpy, and the
+memory a publish takes beyond the model, by bucket size.
 
-Run with `python -m tests.benchmarks.bench_weights`. One publisher in this process, up to four
-subscriber processes (spawned once; each subscriber count is a new generation via ``reform`` /
-``join``), real gloo on loopback. For 10M and 100M parameters in fp32 and bf16 (1M-parameter
-tensors) it reports the publish time (pack into the flat buffers + broadcast, best of a few),
-its payload rate in GB/s (payload bytes / publish time: every subscriber has it all at that
-point) and the ratio to ``dst.copy_(src)`` of the same bytes in the same run. Unpacking costs
-nothing per publish: subscribers hand out views built once per layout. Prints a Markdown table;
-`--json PATH` saves it.
+Run with `python -m tests.benchmarks.bench_weights`. One publisher in this process, real gloo
+on loopback, for 10M and 100M parameters in fp32 and bf16 (1M-parameter tensors) and buckets of
+4 MiB, 32 MiB, 256 MiB and unbounded (the whole model in one bucket per dtype). For each, fresh
+subscriber processes (1 and 2) receive a few publishes, reading each tensor and dropping it as
+vLLM's loader does. Reported: the publish time (best of a few: the tensors read one at a time,
+packed into buckets and broadcast), its payload rate in GB/s and the ratio to ``dst.copy_(src)``
+of the same bytes in the same run; the publisher's bucket buffers at their peak (counted by the
+publisher); and each subscriber's peak resident memory growth while receiving (measured: its
+resident high-water mark, reset before the first publish, minus the resident set then), which
+the bucket size bounds. Prints a Markdown table; `--json PATH` saves it.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import resource
 import time
 
 import torch
 
 from tests.benchmarks.report import report
-from transport.packing import Layout
 from transport.weights import WeightPublisher, WeightSubscriber
 
 SIZES = [10_000_000, 100_000_000]
 DTYPES = [torch.float32, torch.bfloat16]
-SUBSCRIBERS = [1, 2, 4]
+BUCKETS_MIB = [4, 32, 256, 0]
+SUBSCRIBERS = [1, 2]
 TENSOR_NUMEL = 1_000_000
 
 
-def _subscriber(port: int, rank: int, commands, done) -> None:
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _peak_rss_bytes() -> int:
+    """This process's resident high-water mark (``VmHWM``; ``ru_maxrss`` would also count the
+    parent's resident set at the fork, which Linux carries across the exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def _subscriber(port: int, rank: int, world_size: int, count: int, done) -> None:
     torch.set_num_threads(1)
-    sub = WeightSubscriber("127.0.0.1", port, rank, max(SUBSCRIBERS) + 1, generation=0,
-                           timeout_s=30.0)
-    done.put(rank)  # ready: measure nothing while processes still import torch
-    for command, *args in iter(commands.get, ("stop",)):
-        if command == "join":
-            sub.join(*args)
-        else:  # ("receive", count)
-            for _ in range(args[0]):
-                sub.receive()
-            done.put(rank)
+    sub = WeightSubscriber("127.0.0.1", port, rank, world_size, timeout_s=60.0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the high-water mark starts again from the resident set now
+    before = _rss_bytes()
+    done.put(("ready", rank))  # measure nothing while processes still import torch
+    for _ in range(count):
+        _, named = sub.receive()
+        for _name, tensor in named:  # read and drop, as a loader that copies into its model
+            del tensor
+    done.put(("done", max(0, _peak_rss_bytes() - before)))
     sub.close()
 
 
@@ -52,74 +68,77 @@ def _best_of(fn, repeats: int) -> float:
     return best
 
 
-def run(repeats: int) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    publisher = WeightPublisher("127.0.0.1", 0, max(SUBSCRIBERS) + 1, timeout_s=30.0)
+def _publish_to(named, bucket_mib: int, n: int, repeats: int, ctx) -> dict:
+    publisher = WeightPublisher("127.0.0.1", 0, n + 1, timeout_s=60.0,
+                                bucket_bytes=bucket_mib << 20)
     done = ctx.Queue()
-    subs = [(ctx.Process(target=_subscriber, args=(publisher.port, r, q, done), daemon=True), q)
-            for r, q in ((r, ctx.Queue()) for r in range(1, max(SUBSCRIBERS) + 1))]
-    for proc, _ in subs:
-        proc.start()
-    for _ in subs:
-        done.get(timeout=120)
-    rows, version = [], 0
+    procs = [ctx.Process(target=_subscriber, daemon=True,
+                         args=(publisher.port, r, n + 1, repeats + 1, done)) for r in range(1, n + 1)]
     try:
-        for numel in SIZES:
-            for dtype in DTYPES:
-                named = [(f"layers.{i}.weight", torch.randn(TENSOR_NUMEL).to(dtype))
-                         for i in range(numel // TENSOR_NUMEL)]
-                layout = Layout.of(named)
-                buffers = layout.allocate()
-                src, dst = torch.randn(layout.nbytes // 4), torch.empty(layout.nbytes // 4)
-                t_copy = _best_of(lambda: dst.copy_(src), repeats * 2)
-                t_pack = _best_of(lambda: layout.pack([t for _, t in named], buffers), repeats)
-                del src, dst, buffers
-                for n in SUBSCRIBERS:
-                    generation = publisher.reform(n + 1)
-                    for _, commands in subs[:n]:
-                        commands.put(("join", generation, n + 1))
-                        commands.put(("receive", repeats + 1))
+        for proc in procs:
+            proc.start()
+        assert all(done.get(timeout=120)[0] == "ready" for _ in procs)
+        version = 0
 
-                    def publish():
-                        nonlocal version
-                        version += 1
-                        publisher.publish(named, version)
+        def publish():
+            nonlocal version
+            version += 1
+            publisher.publish(iter(named), version, specs=specs)
 
-                    publish()  # forms the group and sends the layout
-                    t_pub = _best_of(publish, repeats)
-                    for _ in range(n):
-                        done.get(timeout=120)
-                    rows.append({
-                        "params": f"{numel // 1_000_000}M", "dtype": str(dtype)[6:],
-                        "MB": round(layout.nbytes / 1e6), "subscribers": n,
-                        "pack_ms": round(t_pack * 1e3, 1), "publish_ms": round(t_pub * 1e3, 1),
-                        "broadcast_GB/s": round(layout.nbytes / t_pub / 1e9, 2),
-                        "memcpy_GB/s": round(layout.nbytes / t_copy / 1e9, 2),
-                        "ratio": f"{t_copy / t_pub:.0%}",
-                    })
-                    print(rows[-1], flush=True)
+        specs = [(name, str(t.dtype).removeprefix("torch."), t.shape) for name, t in named]
+        publish()  # forms the group and sends the layout
+        t_pub = _best_of(publish, repeats)
+        grown = [done.get(timeout=120)[1] for _ in procs]
+        return {"publish_s": t_pub, "buckets": publisher.buckets_sent // (repeats + 1),
+                "publisher_MB": publisher.peak_buffer_bytes / 1e6,
+                "subscriber_MB": max(grown) / 1e6}
     finally:
         publisher.close()
-        for proc, commands in subs:
-            commands.put(("stop",))
-        for proc, _ in subs:
+        for proc in procs:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
+
+
+def run(repeats: int) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    rows = []
+    for numel in SIZES:
+        for dtype in DTYPES:
+            named = [(f"layers.{i}.weight", torch.randn(TENSOR_NUMEL).to(dtype))
+                     for i in range(numel // TENSOR_NUMEL)]
+            nbytes = numel * named[0][1].element_size()
+            src, dst = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
+            t_copy = _best_of(lambda: dst.copy_(src), repeats * 2)
+            del src, dst
+            for bucket_mib in BUCKETS_MIB:
+                for n in SUBSCRIBERS:
+                    got = _publish_to(named, bucket_mib, n, repeats, ctx)
+                    rows.append({
+                        "params": f"{numel // 1_000_000}M", "dtype": str(dtype)[6:],
+                        "MB": round(nbytes / 1e6), "bucket_MiB": bucket_mib or "whole",
+                        "buckets": got["buckets"], "subscribers": n,
+                        "publish_ms": round(got["publish_s"] * 1e3, 1),
+                        "broadcast_GB/s": round(nbytes / got["publish_s"] / 1e9, 2),
+                        "memcpy_GB/s": round(nbytes / t_copy / 1e9, 2),
+                        "ratio": f"{t_copy / got['publish_s']:.0%}",
+                        "publisher_MB": round(got["publisher_MB"]),
+                        "subscriber_MB": round(got["subscriber_MB"]),
+                    })
+                    print(rows[-1], flush=True)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     rows = run(args.repeats)
     report(rows, args.json)
-    pack = sum(r["pack_ms"] for r in rows) / sum(r["publish_ms"] for r in rows)
-    print(f"\nPacking (one copy into the flat buffers) is {pack:.0%} of all publish time here; the "
-          "rest is the gloo broadcast (the root sends the whole payload to each subscriber, so "
-          "its cost grows with their number); unpacking is free (views built once per layout).")
+    print("\nMemory beyond the model: the publisher holds one bucket per dtype (its buffers are "
+          "reused); a subscriber a bucket or so while its reader drops each tensor once loaded. "
+          "Unbounded buckets hold the whole model on both sides.")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The weight broadcast lands inside a real vLLM worker process (multiprocess engine).
 
-The learner side (a WeightPublisher here) broadcasts the weights of a second tiny model; the
-engine's worker receives them through actors.vllm_extension and reloads them; greedy outputs
+The learner side (a WeightPublisher here) broadcasts the weights of a second tiny model, read
+lazily and sent in buckets far smaller than the model; the engine's worker receives them
+through actors.vllm_extension and reloads each bucket as it arrives; greedy outputs
 then equal transformers' on the new weights and differ from the old. The vision-language
 variant does the same with the tiny Qwen2-VL on a prompt with an image: the learner's HF-named
 weights (vision tower included) load into vLLM's model, and the encoder cache is reset with the
@@ -21,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 N_NEW = 12
+BUCKET_BYTES = 256 << 10  # the tiny models are several MiB: they travel in many buckets
 
 
 @pytest.mark.parametrize("vision", [False, True], ids=["text", "vision"])
@@ -35,6 +37,9 @@ def test_broadcast_reaches_the_vllm_worker(tmp_path, vision):
     assert result["versions"] == [1]
     assert result["after"] == result["hf_new"]
     assert result["before"] == result["hf_old"] != result["hf_new"]
+    assert result["buckets"] >= result["model_bytes"] // BUCKET_BYTES >= 4
+    # one dtype: one bucket at a time (a tensor larger than a bucket travels alone)
+    assert result["peak_buffer_bytes"] <= max(BUCKET_BYTES, result["largest_tensor_bytes"])
 
 
 IMAGE = np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)
@@ -85,12 +90,15 @@ def _scenario(out: Path, vision: bool) -> None:
     llm = LLM(model=str(old), dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 * 2**20,
               max_model_len=256, worker_extension_cls="actors.vllm_extension.WeightSyncExtension",
               **({"limit_mm_per_prompt": {"image": 1, "video": 0}} if vision else {}))
-    publisher = WeightPublisher(world_size=2, timeout_s=60)
+    publisher = WeightPublisher(world_size=2, timeout_s=60, bucket_bytes=BUCKET_BYTES)
+    named = list(new_weights.items())
+    specs = [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named]
     greedy = SamplingParams(temperature=0.0, max_tokens=N_NEW, min_tokens=N_NEW)
     try:
         before = llm.generate([request], greedy, use_tqdm=False)[0].outputs[0].token_ids
         llm.collective_rpc("join_weight_group", args=(publisher.address, 1, 2, 60.0))
-        pushing = threading.Thread(target=publisher.publish, args=(list(new_weights.items()), 1))
+        pushing = threading.Thread(target=publisher.publish, args=(iter(named), 1),
+                                   kwargs={"specs": specs})  # read lazily, as the learner's
         pushing.start()
         versions = llm.collective_rpc("receive_weights")
         pushing.join(60)
@@ -103,7 +111,10 @@ def _scenario(out: Path, vision: bool) -> None:
         llm.llm_engine.engine_core.shutdown()
     (out / "result.json").write_text(json.dumps({
         "versions": versions, "before": list(before), "after": list(after),
-        "hf_old": hf_old, "hf_new": hf_new,
+        "hf_old": hf_old, "hf_new": hf_new, "buckets": publisher.buckets_sent,
+        "model_bytes": sum(t.numel() * t.element_size() for _, t in named),
+        "peak_buffer_bytes": publisher.peak_buffer_bytes,
+        "largest_tensor_bytes": max(t.numel() * t.element_size() for _, t in named),
     }))
 
 

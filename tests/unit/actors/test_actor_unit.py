@@ -34,9 +34,11 @@ def no_vllm(monkeypatch):
 class FakeEngine:
     """The AsyncLLM calls the actor makes. Every answer is ANSWER + EOS, labelled with the version."""
 
-    def __init__(self, answer_ids: list[int], fail_receive: bool = False, fail_generate: bool = False):
+    def __init__(self, answer_ids: list[int], fail_receive: bool = False, fail_generate: bool = False,
+                 torn: bool = False):
         self.answer, self.fail_receive, self.fail_generate = answer_ids, fail_receive, fail_generate
         self.version, self.calls, self.paused = None, [], False
+        self.torn = torn  # a failed receive had loaded part of the new weights
 
     async def generate(self, prompt, params, request_id):
         assert isinstance(prompt["prompt_token_ids"], list) and params.max_tokens >= 1
@@ -67,6 +69,8 @@ class FakeEngine:
         self.calls.append((method,))
         if method == "receive_weights" and self.fail_receive:
             raise RuntimeError("Worker failed with error 'receive failed'")
+        if method == "weights_intact":
+            return [not self.torn]
         return [int(self.version) + 1] if method == "receive_weights" else [None]
 
     async def reset_prefix_cache(self, reset_running_requests=False):
@@ -253,9 +257,18 @@ def test_weight_update_sequence_and_failure(tokenizer):
         await bad.start()
         with pytest.raises(WeightUpdateError, match="still serving version 0"):
             await bad.update_weights(1)
+        # half of the new weights loaded: generating would mix two versions, so it stays paused
+        torn = _actor(tokenizer, engine=FakeEngine([5], fail_receive=True, torn=True))
+        await torn.start()
+        with pytest.raises(WeightUpdateError, match="stays paused"):
+            await torn.update_weights(1)
+        torn_paused, torn_stats = torn.engine.paused, await torn.stats()
+        torn.engine.fail_receive = torn.engine.torn = False  # the group re-formed: a full update
+        await torn.update_weights(1)
+        assert torn_paused and torn_stats["weights_torn"] == 1 and not torn.engine.paused
         result = (calls, timings, await ok.stats(), await bad.stats(), bad.engine.paused)
-        await ok.close()
-        await bad.close()
+        for actor in (ok, bad, torn):
+            await actor.close()
         return result
 
     calls, timings, ok, bad, paused = asyncio.run(scenario())

@@ -343,7 +343,16 @@ def _two_rank_config(model_path, algorithm, **overrides) -> TrainerConfig:
 def _run(cfg: TrainerConfig, trajectories) -> tuple[dict, dict]:
     trainer = Trainer(cfg)
     metrics = [trainer.train_step(trajectories, version=v) for v in range(2)]
-    return metrics[-1], trainer.state_dict_for_publish()
+    state = trainer.state_dict_for_publish()
+    # what a publish reads: each tensor gathered from its shards when reached, on every rank
+    specs, lazy = trainer.weights_for_publish()
+    lazy = [(name, t.clone()) for name, t in lazy]
+    assert [(n, d, tuple(shape)) for n, d, shape in specs] == [
+        (n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in lazy]
+    if trainer.rank == 0:
+        assert [n for n, _ in lazy] == list(state)
+        assert all(torch.equal(t.cpu(), state[n]) for n, t in lazy)
+    return metrics[-1], state
 
 
 def _rank_main(rank, world_size, port, model_path, trajectories, out_dir):

@@ -252,11 +252,12 @@ def _weights(seed: int) -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def _bits(named) -> list[tuple[str, torch.dtype, tuple, bytes]]:
+def _bits(named) -> list[tuple[str, str, tuple, bytes]]:
     def raw(t: torch.Tensor) -> bytes:
         return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
-    return [(name, t.dtype, tuple(t.shape), raw(t)) for name, t in named]
+    # by name: over gloo the tensors come bucket by bucket (transport/packing.py)
+    return sorted((name, str(t.dtype), tuple(t.shape), raw(t)) for name, t in named)
 
 
 def _receiving(sinks) -> tuple[list[threading.Thread], dict]:

@@ -34,6 +34,11 @@ def _fingerprint(named) -> list[tuple[str, str, tuple[int, ...], str]]:
     return [(name, str(t.dtype), tuple(t.shape), digest(t)) for name, t in named]
 
 
+def _prints(named) -> list[tuple[str, str, tuple[int, ...], str]]:
+    """Fingerprints by name: a subscriber gets the tensors bucket by bucket (see packing.py)."""
+    return sorted(_fingerprint(named))
+
+
 def _weights(seed: int, *, extra: bool = False) -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     named = [
@@ -67,9 +72,14 @@ def _subscriber_main(port, rank, world_size, generation, commands, results):
             elif command == "receive":
                 try:
                     version, named = sub.receive()
-                    results.put(("ok", rank, version, _fingerprint(named), sub.layouts_received))
+                    named = list(named)  # each bucket arrives as the list reaches it
+                    results.put(("ok", rank, version, _prints(named), sub.layouts_received))
                 except WeightSyncError as e:
                     results.put(("error", rank, str(e), None, None))
+            elif command == "read_one":  # a reader that stops after the first tensor
+                version, named = sub.receive()
+                name, _ = next(named)
+                results.put(("ok", rank, version, name, sub.layouts_received))
         sub.close()
     except BaseException:
         results.put(("crash", rank, traceback.format_exc()))
@@ -78,13 +88,14 @@ def _subscriber_main(port, rank, world_size, generation, commands, results):
 class Cluster:
     """A publisher and its subscriber processes; ``close`` ends all of them."""
 
-    def __init__(self, world_size: int, timeout_s: float = TIMEOUT_S):
+    def __init__(self, world_size: int, timeout_s: float = TIMEOUT_S, bucket_bytes: int = 0):
         self.ctx = mp.get_context("spawn")
         # Per rank (process, commands, results). A queue per process: a process killed while
         # writing to a shared queue would leave its lock held for everyone.
         self.subs: dict[int, tuple[mp.Process, mp.Queue, mp.Queue]] = {}
         self.procs: list[mp.Process] = []
-        self.publisher = WeightPublisher("127.0.0.1", 0, world_size, timeout_s=timeout_s)
+        self.publisher = WeightPublisher("127.0.0.1", 0, world_size, timeout_s=timeout_s,
+                                         bucket_bytes=bucket_bytes)
 
     def spawn(self, *ranks: int, world_size: int | None = None, generation: int | None = None):
         """Start subscriber processes and wait until each has connected to the store.
@@ -133,8 +144,8 @@ class Cluster:
 def cluster():
     made: list[Cluster] = []
 
-    def make(world_size: int, timeout_s: float = TIMEOUT_S) -> Cluster:
-        made.append(Cluster(world_size, timeout_s))
+    def make(world_size: int, timeout_s: float = TIMEOUT_S, bucket_bytes: int = 0) -> Cluster:
+        made.append(Cluster(world_size, timeout_s, bucket_bytes))
         return made[-1]
 
     try:
@@ -146,25 +157,79 @@ def cluster():
 
 # --- packing, in process --------------------------------------------------------------------
 
-def test_pack_unpack_roundtrip_is_bit_exact_and_zero_copy():
+@pytest.mark.parametrize("bucket_bytes", [0, 1, 40, 100, 1 << 20])
+def test_pack_unpack_roundtrip_is_bit_exact_and_zero_copy(bucket_bytes):
     named = _weights(0)
-    layout = Layout.of(named)
-    buffers = layout.allocate()
-    layout.pack([t for _, t in named], buffers)
-    views = layout.unpack(buffers)
-    assert _fingerprint(views) == _fingerprint(named)
-    storages = {b.untyped_storage().data_ptr() for b in buffers.values()}
+    layout = Layout.of(named, bucket_bytes)
+    buffers = layout.pack_all([t for _, t in named])
+    views = [nv for b, buffer in zip(layout.buckets, buffers) for nv in b.unpack(buffer)]
+    order = {name: i for i, (name, _) in enumerate(named)}
+    assert _fingerprint(sorted(views, key=lambda nv: order[nv[0]])) == _fingerprint(named)
+    storages = {b.untyped_storage().data_ptr() for b in buffers}
     assert all(v.untyped_storage().data_ptr() in storages for _, v in views)
-    assert list(layout.sizes) == sorted(layout.sizes)  # the order buffers travel in
+
+
+def test_buckets_by_hand():
+    """float32 a(3) b(2) c(4), bfloat16 d(5) e(1), float32 f(1); at most 24 bytes a bucket:
+    a+b (20 bytes) closes when c would make it 36; c+f (20 bytes) and d+e (12 bytes) are still
+    open at the end and close in dtype-name order."""
+    specs = [("a", "float32", [3]), ("b", "float32", [2]), ("c", "float32", [4]),
+             ("d", "bfloat16", [5]), ("e", "bfloat16", [1]), ("f", "float32", [1])]
+    layout = Layout.build(specs, 24)
+    got = [(b.dtype, [e.name for e in b.entries], [e.offset for e in b.entries], b.numel, b.last)
+           for b in layout.buckets]
+    assert got == [("float32", ["a", "b"], [0, 3], 5, 1),
+                   ("bfloat16", ["d", "e"], [0, 5], 6, 4),
+                   ("float32", ["c", "f"], [0, 4], 5, 5)]
+    # a tensor larger than a bucket travels alone; 0 bytes: one bucket per dtype
+    alone = Layout.build([("x", "float32", [2]), ("big", "float32", [10]), ("y", "float32", [1])], 16)
+    assert [[e.name for e in b.entries] for b in alone.buckets] == [["x"], ["big"], ["y"]]
+    whole = Layout.build(specs, 0)
+    assert [(b.dtype, len(b.entries)) for b in whole.buckets] == [("bfloat16", 2), ("float32", 4)]
+
+
+def test_bucket_properties_over_random_layouts():
+    rng = torch.Generator().manual_seed(0)
+    dtypes = ["float32", "bfloat16", "int64", "bool"]
+    for trial in range(200):
+        n = int(torch.randint(1, 30, (1,), generator=rng))
+        specs = [(f"t{i}", dtypes[int(torch.randint(0, 4, (1,), generator=rng))],
+                  [int(torch.randint(0, 50, (1,), generator=rng))]) for i in range(n)]
+        bucket_bytes = int(torch.randint(0, 400, (1,), generator=rng))
+        layout = Layout.build(specs, bucket_bytes)
+        members = [e.name for b in layout.buckets for e in b.entries]
+        assert sorted(members) == sorted(name for name, _, _ in specs)  # each exactly once
+        position = {name: i for i, (name, _, _) in enumerate(specs)}
+        for b in layout.buckets:
+            names = [e.name for e in b.entries]
+            assert [position[x] for x in names] == sorted(position[x] for x in names)
+            assert all(e.dtype == b.dtype and layout.entries[position[e.name]] == e for e in b.entries)
+            assert b.last == position[names[-1]]
+            if bucket_bytes and len(names) > 1:
+                assert b.nbytes <= bucket_bytes
+        # A reader of one tensor at a time that sends the head bucket once it is complete holds
+        # at most one bucket of each dtype at any time (the publisher's memory bound).
+        first = {b.index: position[b.entries[0].name] for b in layout.buckets}
+        sent = 0
+        for p in range(n):
+            while sent < len(layout.buckets) and layout.buckets[sent].last <= p:
+                sent += 1
+            held = [b.dtype for b in layout.buckets[sent:] if first[b.index] <= p]
+            assert len(held) == len(set(held)), (trial, p, held)
 
 
 def test_layout_json_roundtrip_and_digest():
-    layout = Layout.of(_weights(0))
+    layout = Layout.of(_weights(0), 64)
     again = Layout.from_bytes(layout.to_bytes())
-    assert again == layout and again.digest == layout.digest
-    assert Layout.of(_weights(1, extra=True)).digest != layout.digest
+    assert again == layout and again.digest == layout.digest and again.bucket_bytes == 64
+    assert Layout.of(_weights(1, extra=True), 64).digest != layout.digest
+    assert Layout.of(_weights(0), 128).digest != layout.digest
     with pytest.raises(ValueError, match="dtype"):
-        Layout.from_bytes(b'[["x","complex64",[2]]]')
+        Layout.from_bytes(b'{"bucket_bytes":0,"tensors":[["x","complex64",[2]]]}')
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        Layout.from_bytes(b'[["x","float32",[2]]]')
+    with pytest.raises(ValueError, match="twice"):
+        Layout.build([("x", "float32", [1]), ("x", "float32", [2])])
     with pytest.raises(ValueError, match="dtype"):
         Layout.of([("c", torch.zeros(2, dtype=torch.complex64))])
 
@@ -189,15 +254,15 @@ def test_publisher_alone_refuses_non_increasing_versions():
 
 # --- broadcast to subscriber processes ------------------------------------------------------
 
-@pytest.mark.parametrize("subscribers", [1, 2, 4])
-def test_broadcast_is_bit_exact(cluster, subscribers):
-    c = cluster(subscribers + 1)
+@pytest.mark.parametrize("subscribers,bucket_bytes", [(1, 0), (2, 0), (4, 0), (2, 64)])
+def test_broadcast_is_bit_exact(cluster, subscribers, bucket_bytes):
+    c = cluster(subscribers + 1, bucket_bytes=bucket_bytes)
     c.spawn(*range(1, subscribers + 1), world_size=subscribers + 1, generation=0)
     c.tell("receive")
     named = _weights(7)
     c.publisher.publish(named, version=1)
     for (status, _, version, prints, _), in c.collect().values():
-        assert (status, version, prints) == ("ok", 1, _fingerprint(named))
+        assert (status, version, prints) == ("ok", 1, _prints(named))
 
 
 def test_ten_million_parameters_bit_exact(cluster):
@@ -208,7 +273,56 @@ def test_ten_million_parameters_bit_exact(cluster):
     c.tell("receive")
     c.publisher.publish(named, version=1)
     for (status, _, version, prints, _), in c.collect().values():
-        assert (status, version, prints) == ("ok", 1, _fingerprint(named))
+        assert (status, version, prints) == ("ok", 1, _prints(named))
+
+
+def test_a_lazy_publish_reads_one_tensor_at_a_time_and_holds_one_bucket_per_dtype(cluster):
+    """A model of 40 tensors of 4 KiB in two dtypes, in buckets of 16 KiB: the publisher reads
+    each tensor only when it reaches it (buckets go out in between) and never holds more than a
+    bucket per dtype; the subscribers get every tensor bit-exact."""
+    g = torch.Generator().manual_seed(3)
+    named = [(f"layer{i}.w", torch.randn(1024, generator=g).to(
+        torch.float32 if i % 3 else torch.bfloat16)) for i in range(40)]
+    c = cluster(3, bucket_bytes=16 << 10)
+    c.spawn(1, 2, world_size=3, generation=0)
+    sent_when_read = []
+
+    def lazy():
+        for name, t in named:
+            sent_when_read.append(c.publisher.buckets_sent)
+            yield name, t
+
+    specs = [(n, str(t.dtype).removeprefix("torch."), t.shape) for n, t in named]
+    c.tell("receive")
+    c.publisher.publish(lazy(), version=1, specs=specs)
+    for (status, _, version, prints, _), in c.collect().values():
+        assert (status, version, prints) == ("ok", 1, _prints(named))
+    assert sent_when_read[0] == 0 and sent_when_read[-1] >= 3  # buckets went out while reading
+    # float32: 26 tensors of 4 KiB, 4 a bucket; bfloat16: 14 of 2 KiB, 8 a bucket
+    assert c.publisher.buckets_sent == len(Layout.build(specs, 16 << 10).buckets) == 7 + 2
+    assert c.publisher.peak_buffer_bytes <= (16 << 10) + (16 << 10)  # a bucket of each dtype
+    # a tensor that is not what its spec says spends the group
+    c.tell("receive")
+    wrong = [(n, t.double() if i == 30 else t) for i, (n, t) in enumerate(named)]
+    with pytest.raises(WeightSyncError, match="the specs say 'layer30.w'"):
+        c.publisher.publish(iter(wrong), version=2, specs=specs)
+    assert all(r[0][0] == "error" for r in c.collect().values())
+
+
+def test_a_reader_that_stops_half_way_must_rejoin(cluster):
+    c = cluster(2, bucket_bytes=64)
+    c.spawn(1, world_size=2, generation=0)
+    c.tell("read_one")
+    with pytest.raises(WeightSyncError):  # the subscriber stops receiving after one bucket
+        c.publisher.publish(_weights(1), version=1)
+    first = Layout.of(_weights(1), 64).buckets[0].entries[0].name
+    assert c.collect()[1][0][:4] == ("ok", 1, 1, first)
+    c.tell("receive")
+    assert "not read to its end" in c.collect()[1][0][2]
+    c.tell("join", c.publisher.reform(2), 2)
+    c.tell("receive")
+    c.publisher.publish(_weights(1), version=1)
+    assert c.collect()[1][0][:4] == ("ok", 1, 1, _prints(_weights(1)))
 
 
 def test_versions_in_order_and_layout_sent_only_when_changed(cluster):
@@ -222,7 +336,7 @@ def test_versions_in_order_and_layout_sent_only_when_changed(cluster):
     assert c.publisher.layouts_sent == 2
     for results in c.collect(len(plan)).values():
         assert [r[2] for r in results] == [v for v, _ in plan]
-        assert [r[3] for r in results] == [_fingerprint(named) for _, named in plan]
+        assert [r[3] for r in results] == [_prints(named) for _, named in plan]
         assert [r[4] for r in results] == [1, 1, 1, 2]  # layouts received so far
 
 
@@ -272,7 +386,7 @@ def test_killed_subscriber_raises_then_new_generation_recovers(cluster):
     assert time.monotonic() - start < TIMEOUT_S + 1.0
     # The survivor either got all of version 2 before the failure or raises: never hangs.
     (survivor,) = c.collect(ranks=[1])[1]
-    assert survivor[0] == "error" or survivor[3] == _fingerprint(_weights(2))
+    assert survivor[0] == "error" or survivor[3] == _prints(_weights(2))
 
     generation = c.publisher.reform(3)
     assert generation == 1
@@ -282,7 +396,7 @@ def test_killed_subscriber_raises_then_new_generation_recovers(cluster):
     named = _weights(3)
     c.publisher.publish(named, version=3)
     for (status, _, version, prints, _), in c.collect().values():
-        assert (status, version, prints) == ("ok", 3, _fingerprint(named))
+        assert (status, version, prints) == ("ok", 3, _prints(named))
     assert c.publisher.layouts_sent == 2  # the new group got the layout again
 
 
@@ -295,4 +409,4 @@ def test_restarted_worker_gets_the_current_version_again(cluster):
     c.tell("receive")
     c.publisher.publish(_weights(4), version=4)  # the same weights, for the newcomer
     for (status, _, version, prints, _), in c.collect().values():
-        assert (status, version, prints) == ("ok", 4, _fingerprint(_weights(4)))
+        assert (status, version, prints) == ("ok", 4, _prints(_weights(4)))
