@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from actors.config import ActorConfig
-from actors.engine import build_engine, sampling_params
+from actors.engine import build_engine, cpu_thread_binding, sampling_params
 from actors.groups import GroupHolder, GroupStream
 from actors.episode import EpisodeResult, Generate, Generation, run_episode
 from actors.vision import VisionTokens, vllm_prompt
@@ -114,8 +114,11 @@ class InferenceActor:
         cfg = self.cfg
         redirect_output(cfg.log_file)  # before the engine starts: its processes inherit it
         bound = bind_cores(cfg.cores)  # before the engine and env workers start: they inherit it
-        if bound:  # and the vLLM worker's OpenMP threads go to the same cores
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, bound))
+        if bound:  # and the vLLM workers' OpenMP threads go to the same cores
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(bound, cfg.tensor_parallel)
+        elif cfg.tensor_parallel > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            # vLLM's CPU backend binds one worker per NUMA node by itself: a core each instead
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding((), cfg.tensor_parallel)
         self._slots = asyncio.Queue()
         for slot in range(cfg.env_slot_offset, cfg.env_slot_offset + cfg.num_slots):
             self._slots.put_nowait(slot)

@@ -55,6 +55,9 @@ class ActorConfig:
     engine: str = "async"
     """"async": vLLM's AsyncLLM, its engine core in a child process; "in_process": the engine in
     this process (actors/local_engine.py), for the single-process topology."""
+    tensor_parallel: int = 1
+    """vLLM's tensor-parallel size: the engine's worker processes (its GPUs; on CPU a core each),
+    each a rank of the weight group from the rank the actor is given."""
     kv_cache_bytes: int = 256 << 20
     """Always explicit: on CPU vLLM would otherwise reserve most of the host's memory."""
     seed: int = 0

@@ -27,8 +27,11 @@ def build_engine(cfg: ActorConfig, vision: bool):
         model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
         kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,
         max_num_seqs=cfg.num_slots, logprobs_mode="processed_logprobs",
+        tensor_parallel_size=cfg.tensor_parallel,
         worker_extension_cls=EXTENSION, disable_log_stats=True, **images)
     if cfg.engine == "in_process":
+        if cfg.tensor_parallel != 1:
+            raise ValueError("an in-process engine has one worker: tensor_parallel must be 1")
         from actors.local_engine import InProcessEngine
 
         args.distributed_executor_backend = "uni"
@@ -36,6 +39,20 @@ def build_engine(cfg: ActorConfig, vision: bool):
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM.from_engine_args(args)
+
+
+def cpu_thread_binding(cores, workers: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for a CPU engine of ``workers`` worker processes on
+    ``cores``: one group of cores per worker, ``|`` between groups (vLLM's format); with fewer
+    cores than workers, the next cores of the machine, one each, from the first one given."""
+    import os
+
+    cores, n = list(cores), max(1, os.cpu_count() or 1)
+    if len(cores) < workers:
+        start = cores[0] if cores else 0
+        cores = [(start + k) % n for k in range(workers)]
+    groups = [cores[k::workers] for k in range(workers)]
+    return "|".join(",".join(map(str, sorted(g))) for g in groups)
 
 
 def sampling_params(**kwargs):

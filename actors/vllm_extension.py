@@ -43,13 +43,16 @@ class WeightSyncExtension:
                           timeout_s: float = 60.0) -> None:
         """Connect this worker to the learner's weight channel at ``address`` (also after a
         restart): ``tcp://host:port``, the broadcast group's store; ``inproc://name``, the
-        in-process channel of an engine in the learner's process (transport/channels.py)."""
+        in-process channel of an engine in the learner's process (transport/channels.py).
+        ``rank`` is the engine's first rank: a tensor-parallel engine's workers (vLLM's
+        ``self.rank``: 0..tp-1) take ``rank + self.rank``, each receiving every tensor, of
+        which its weight loaders keep its shard."""
         reload_log = logging.getLogger(RELOAD_LOGGER)
         if not any(isinstance(f, RotaryCacheFilter) for f in reload_log.filters):
             reload_log.addFilter(RotaryCacheFilter())
         self.leave_weight_group()
-        self._weight_subscriber = weight_sink(address, rank=rank, world_size=world_size,
-                                              timeout_s=timeout_s)
+        self._weight_subscriber = weight_sink(address, rank=rank + getattr(self, "rank", 0),
+                                              world_size=world_size, timeout_s=timeout_s)
 
     def receive_weights(self) -> int:
         """Block until the next broadcast, load it into the model bucket by bucket as it

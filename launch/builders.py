@@ -77,6 +77,7 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
         "max_turns": cfg.env["max_turns"], "max_context": ac.max_context,
         "kv_cache_bytes": ac.kv_cache_bytes, "seed": cfg.seed * 1000 + index,
         "learner_address": stream_address, "dtype": cfg.model.dtype,
+        "tensor_parallel": ac.tp,
     }
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from launch.builders import actor_config, warm_start_config, worker_config
 from launch.config import RunConfig
 from launch.placement import Node, Roles, place
+from actors.engine import cpu_thread_binding
 from launch.topology import PushError, push_timings, weighted_means
 
 log = logging.getLogger(__name__)
@@ -277,7 +278,8 @@ class RayCluster:
         # Two CPU engines on one node: one core each. An actor that holds cores of its own
         # (slot.cores) puts its engine on those instead (actors/actor.py).
         if len(self._slots) > 1 and not slot.gpus:
-            env_vars["VLLM_CPU_OMP_THREADS_BIND"] = str(slot.index % max(1, os.cpu_count() or 1))
+            env_vars["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(
+                [slot.index * len(slot.weight_ranks)], len(slot.weight_ranks))
         return ray.remote(InferenceActor).options(
             num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
             runtime_env={"env_vars": env_vars} if env_vars else None,
@@ -334,8 +336,8 @@ class RayCluster:
         cfg = self.cfg
         return Roles(learner_ranks=cfg.learner.ranks, learner_cpus=cfg.learner.cpus,
                      learner_gpus=cfg.learner.gpus, actors=cfg.actors.num,
-                     engines_per_actor=cfg.actors.engines_per_actor, actor_cpus=cfg.actors.cpus,
-                     engine_gpus=cfg.actors.gpus_per_engine, env_workers=0)
+                     actor_cpus=cfg.actors.cpus, engine_gpus=cfg.actors.gpus_per_engine,
+                     engine_workers=cfg.actors.tp, env_workers=0)
 
 
 def _warm_start_task(threads: int, *args, **kwargs) -> Path:

@@ -81,13 +81,14 @@ class ActorsConfig(EnvPoolConfig):
     pool's keys are envs/config.py's, the names ``python -m envs.main`` takes too)."""
 
     num: int = 1
-    """Inference actors, one vLLM engine each."""
-    engines_per_actor: int = 1
-    """Engines per actor (placement only)."""
+    """Inference actors, one vLLM engine each (more engines: more actors)."""
     cpus: float = 1.0
     """Ray CPUs per actor (its engine and env workers included)."""
     gpus_per_engine: int = 0
-    """GPUs per engine (0: CPU)."""
+    """GPUs per engine (0: CPU); the engine is tensor parallel over them."""
+    tensor_parallel: Optional[int] = None
+    """vLLM's tensor-parallel size: on GPU it is gpus_per_engine (null: that); on CPU, worker
+    processes of the engine, a core each (null: 1). Each worker joins the weight broadcast."""
     concurrency: int = 16
     """Episodes in flight per actor (at most its env slots)."""
     group_size: int = 8
@@ -111,13 +112,21 @@ class ActorsConfig(EnvPoolConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if min(self.num, self.engines_per_actor, self.concurrency, self.group_size, self.max_tokens,
+        if min(self.num, self.concurrency, self.group_size, self.max_tokens, self.tp,
                self.env_workers, self.envs_per_worker) < 1 or self.run_ahead < 0 or self.max_restarts < 0:
-            raise ValueError("actors: num, engines_per_actor, concurrency, group_size, max_tokens, "
+            raise ValueError("actors: num, tensor_parallel, concurrency, group_size, max_tokens, "
                              "env_workers, envs_per_worker must be >= 1; run_ahead, max_restarts >= 0")
+        if self.gpus_per_engine and self.tensor_parallel not in (None, self.gpus_per_engine):
+            raise ValueError(f"actors.tensor_parallel {self.tensor_parallel} on GPUs must equal "
+                             f"actors.gpus_per_engine {self.gpus_per_engine} (or be null)")
         if self.concurrency > self.env_workers * self.envs_per_worker:
             raise ValueError(f"actors.concurrency {self.concurrency} exceeds the "
                              f"{self.env_workers * self.envs_per_worker} env slots")
+
+    @property
+    def tp(self) -> int:
+        """The engines' tensor-parallel size: worker processes, each a rank of the weight group."""
+        return self.tensor_parallel or max(1, self.gpus_per_engine)
 
 
 @dataclass
@@ -326,7 +335,8 @@ class RunConfig:
         from envs.registry import check_config
 
         _one_of("topology", self.topology, ("ray", "local"))
-        if self.topology == "local" and (self.actors.num != 1 or self.learner.ranks != 1):
+        if self.topology == "local" and (self.actors.num != 1 or self.learner.ranks != 1
+                                         or self.actors.tp != 1):
             raise ValueError(f"topology=local runs one actor and one learner rank, got actors.num="
                              f"{self.actors.num}, learner.ranks={self.learner.ranks}")
         if not isinstance(self.env.get("max_turns"), int):

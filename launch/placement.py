@@ -42,16 +42,17 @@ class Roles:
     learner_cpus: float = 1.0
     learner_gpus: int = 0
     actors: int = 1
-    engines_per_actor: int = 1
     actor_cpus: float = 1.0
     engine_gpus: int = 0
-    """GPUs per engine (tensor-parallel size); an actor needs engines_per_actor x this."""
+    """GPUs of an actor's engine."""
+    engine_workers: int = 1
+    """Worker processes of an actor's engine (its tensor-parallel size): weight-group ranks."""
     env_workers: int = 1
     env_worker_cpus: float = 0.5
 
     def __post_init__(self) -> None:
-        if min(self.learner_ranks, self.actors, self.engines_per_actor) < 1 or self.env_workers < 0:
-            raise ValueError("learner_ranks, actors and engines_per_actor must be >= 1; env_workers >= 0")
+        if min(self.learner_ranks, self.actors, self.engine_workers) < 1 or self.env_workers < 0:
+            raise ValueError("learner_ranks, actors and engine_workers must be >= 1; env_workers >= 0")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Slot:
     cpus: float
     gpus: int
     weight_ranks: tuple[int, ...] = ()
-    """Actors: the weight-group rank of each of their engines."""
+    """Actors: the weight-group rank of each worker of their engine (consecutive)."""
     cores: tuple[int, ...] = ()
     """CPU cores of its own on its node (``place(bind_cores=True)``); () leaves it unbound."""
 
@@ -97,13 +98,12 @@ def place(nodes: list[Node], roles: Roles, *, base_port: int = 29500,
         slots.append(Slot("learner", rank, node, roles.learner_cpus, roles.learner_gpus))
 
     # Actors and env workers: round-robin over the nodes, skipping full ones.
-    actor_gpus = roles.engines_per_actor * roles.engine_gpus
     next_rank = 1
     for i in range(roles.actors):
-        node = _round_robin(nodes, free, i, roles.actor_cpus, actor_gpus, f"actor {i}")
-        ranks = tuple(range(next_rank, next_rank + roles.engines_per_actor))
-        next_rank += roles.engines_per_actor
-        slots.append(Slot("actor", i, node, roles.actor_cpus, actor_gpus, ranks))
+        node = _round_robin(nodes, free, i, roles.actor_cpus, roles.engine_gpus, f"actor {i}")
+        ranks = tuple(range(next_rank, next_rank + roles.engine_workers))
+        next_rank += roles.engine_workers
+        slots.append(Slot("actor", i, node, roles.actor_cpus, roles.engine_gpus, ranks))
     for i in range(roles.env_workers):
         node = _round_robin(nodes, free, i, roles.env_worker_cpus, 0, f"env worker {i}")
         slots.append(Slot("env_worker", i, node, roles.env_worker_cpus, 0))

@@ -25,16 +25,23 @@ N_NEW = 12
 BUCKET_BYTES = 256 << 10  # the tiny models are several MiB: they travel in many buckets
 
 
-@pytest.mark.parametrize("vision", [False, True], ids=["text", "vision"])
-def test_broadcast_reaches_the_vllm_worker(tmp_path, vision):
+@pytest.mark.parametrize("vision,tp", [(False, 1), (True, 1), (False, 2)],
+                         ids=["text", "vision", "tensor-parallel"])
+def test_broadcast_reaches_the_vllm_worker(tmp_path, vision, tp):
+    """With ``tp`` 2 the engine has two worker processes (vLLM's CPU backend, a core each):
+    both join the weight group (ranks 1 and 2 of 3) and each loads its shard of every tensor."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the engine runs in its own process
+    if tp > 1:
+        from actors.engine import cpu_thread_binding
+
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding((), tp)
     args = [sys.executable, "-m", "tests.integration.test_vllm_weight_sync", str(tmp_path)]
-    proc = subprocess.run(args + (["--vision"] if vision else []),
+    proc = subprocess.run(args + (["--vision"] if vision else []) + [f"--tp={tp}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["versions"] == [1]
+    assert result["versions"] == [1] * tp
     assert result["after"] == result["hf_new"]
     assert result["before"] == result["hf_old"] != result["hf_new"]
     assert result["buckets"] >= result["model_bytes"] // BUCKET_BYTES >= 4
@@ -68,7 +75,7 @@ def _greedy_hf(model_dir, prompt_ids, vision: bool):
     return out[0, inputs["input_ids"].shape[1]:].tolist(), model.state_dict()
 
 
-def _scenario(out: Path, vision: bool) -> None:
+def _scenario(out: Path, vision: bool, tp: int) -> None:
     from vllm import LLM, SamplingParams
 
     from launch.tiny_model import build_tiny_model
@@ -89,14 +96,15 @@ def _scenario(out: Path, vision: bool) -> None:
     hf_new, new_weights = _greedy_hf(new, prompt, vision)
     llm = LLM(model=str(old), dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 * 2**20,
               max_model_len=256, worker_extension_cls="actors.vllm_extension.WeightSyncExtension",
+              tensor_parallel_size=tp,
               **({"limit_mm_per_prompt": {"image": 1, "video": 0}} if vision else {}))
-    publisher = WeightPublisher(world_size=2, timeout_s=60, bucket_bytes=BUCKET_BYTES)
+    publisher = WeightPublisher(world_size=1 + tp, timeout_s=60, bucket_bytes=BUCKET_BYTES)
     named = list(new_weights.items())
     specs = [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named]
     greedy = SamplingParams(temperature=0.0, max_tokens=N_NEW, min_tokens=N_NEW)
     try:
         before = llm.generate([request], greedy, use_tqdm=False)[0].outputs[0].token_ids
-        llm.collective_rpc("join_weight_group", args=(publisher.address, 1, 2, 60.0))
+        llm.collective_rpc("join_weight_group", args=(publisher.address, 1, 1 + tp, 60.0))
         pushing = threading.Thread(target=publisher.publish, args=(iter(named), 1),
                                    kwargs={"specs": specs})  # read lazily, as the learner's
         pushing.start()
@@ -119,4 +127,5 @@ def _scenario(out: Path, vision: bool) -> None:
 
 
 if __name__ == "__main__":
-    _scenario(Path(sys.argv[1]), vision="--vision" in sys.argv[2:])
+    tp = next((int(a.split("=")[1]) for a in sys.argv[2:] if a.startswith("--tp=")), 1)
+    _scenario(Path(sys.argv[1]), vision="--vision" in sys.argv[2:], tp=tp)

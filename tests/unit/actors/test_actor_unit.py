@@ -352,3 +352,14 @@ def test_the_rotary_cache_reload_warning_is_filtered_and_nothing_else():
     f = RotaryCacheFilter()
     assert not f.filter(record("RotaryEmbedding"))
     assert f.filter(record("QKVParallelLinear"))
+
+
+def test_cpu_thread_binding_gives_each_engine_worker_its_cores(monkeypatch):
+    from actors.engine import cpu_thread_binding
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert cpu_thread_binding([0, 1], 1) == "0,1"
+    assert cpu_thread_binding([0, 1], 2) == "0|1"
+    assert cpu_thread_binding([0, 1, 2, 3], 2) == "0,2|1,3"
+    assert cpu_thread_binding([], 2) == "0|1"  # unbound: the machine's first cores
+    assert cpu_thread_binding([3], 2) == "3|0"  # fewer cores than workers: the next ones, wrapped

@@ -165,7 +165,20 @@ def test_secondary_command_lines_speak_the_runs_names():
         compose(["actors.step_timeout_s=0"])
 
 
-@pytest.mark.parametrize("more", ["actors.num=2", "learner.ranks=2"])
+def test_tensor_parallel_follows_the_engines_gpus_and_sets_the_weight_ranks():
+    from launch.cluster import RayCluster
+
+    assert compose([]).actors.tp == 1
+    gpu = compose(["actors=gpu", "actors.gpus_per_engine=2"])
+    assert gpu.actors.tp == 2 and actor_config(gpu, 0, "/m", "tcp://h:1")["tensor_parallel"] == 2
+    assert compose(["actors.tensor_parallel=2"]).actors.tp == 2  # CPU: worker processes
+    with pytest.raises(ValueError, match="must equal actors.gpus_per_engine"):
+        compose(["actors=gpu", "actors.gpus_per_engine=2", "actors.tensor_parallel=4"])
+    roles = RayCluster(compose(["actors.num=3", "actors.tensor_parallel=2"]))._roles()
+    assert (roles.engine_workers, roles.engine_gpus) == (2, 0)
+
+
+@pytest.mark.parametrize("more", ["actors.num=2", "learner.ranks=2", "actors.tensor_parallel=2"])
 def test_the_local_topology_runs_one_actor_and_one_learner_rank(more):
     with pytest.raises(ValueError, match="topology=local runs one actor and one learner rank"):
         compose(["topology=local", more])

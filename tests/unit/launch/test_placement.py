@@ -19,8 +19,8 @@ def test_single_cpu_machine_default_job():
 
 def test_gpu_cluster_packs_the_learner_and_spreads_actors():
     nodes = [Node("a", "10.0.0.1", 32, 8), Node("b", "10.0.0.2", 32, 8), Node("c", "10.0.0.3", 32, 4)]
-    p = place(nodes, Roles(learner_ranks=8, learner_gpus=1, actors=4, engines_per_actor=2,
-                           engine_gpus=1, env_workers=6))
+    p = place(nodes, Roles(learner_ranks=8, learner_gpus=1, actors=4, engine_gpus=2,
+                           engine_workers=2, env_workers=6))
     assert {s.node for s in p.of("learner")} == {"a"}
     # Round-robin from actor i's own turn, skipping nodes without room (a has no GPU left).
     assert [s.node for s in p.of("actor")] == ["b", "b", "c", "b"]
@@ -44,7 +44,7 @@ def test_random_clusters_never_overcommit():
     for _ in range(300):
         nodes = [Node(f"n{i}", f"h{i}", rng.choice([2, 4, 16]), rng.choice([0, 0, 1, 8])) for i in range(rng.randint(1, 4))]
         roles = Roles(learner_ranks=rng.randint(1, 4), learner_gpus=rng.choice([0, 1]),
-                      actors=rng.randint(1, 6), engines_per_actor=rng.randint(1, 2),
+                      actors=rng.randint(1, 6), engine_workers=rng.randint(1, 2),
                       engine_gpus=rng.choice([0, 1]), env_workers=rng.randint(0, 8))
         try:
             p = place(nodes, roles)
