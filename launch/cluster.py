@@ -68,8 +68,9 @@ class RayCluster:
         import ray
 
         env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-                    "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
                     "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        if "HF_HUB_OFFLINE" in os.environ:  # launch/builders.py's hub_access: set for local models
+            env_vars["HF_HUB_OFFLINE"] = os.environ["HF_HUB_OFFLINE"]
         address = self.cfg.ray.address or os.environ.get("RAY_ADDRESS")
         if address:
             ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
@@ -113,19 +114,23 @@ class RayCluster:
                 num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
             ).remote(slot.index, cfg.learner.ranks, dataclasses.replace(
                 wcfg, cores=slot.cores, log_file=_log_file(log_dir, f"learner-{slot.index}"))))
+        # Every address is learner rank 0's: its node's (loopback on a cluster started here), a
+        # port free there (the rendezvous), ports its stream and weight store bind there.
         remote = bool(cfg.ray.address or os.environ.get("RAY_ADDRESS"))
         host = placement.learner_address if remote else "127.0.0.1"
-        port = _free_port()  # the learner ranks' rendezvous: one port for all
+        port = ray.get(self.learners[0].free_port.remote())
         infos = ray.get([w.setup.remote(
             host, port,
-            stream_address=f"tcp://{'*' if host != '127.0.0.1' else host}:{cfg.transport.stream_port}",
+            stream_address=f"tcp://{host}:{cfg.transport.stream_port}",
             weight_address=f"tcp://{host}:{cfg.transport.weight_port}",
             weight_world_size=placement.weight_world_size, device=cfg.learner.device,
         ) for w in self.learners])
-        stream = infos[0]["stream_address"].replace("0.0.0.0", host)
+        stream = infos[0]["stream_address"]
         self._weights = WeightGroup(infos[0]["weight_address"], placement.weight_world_size,
                                     cfg.transport.weight_timeout_s)
         self._slots = placement.of("actor")
+        self.nodes = {f"{s.role}-{s.index}": s.node for s in placement.slots if s.role != "env_worker"}
+        """Where each learner rank and actor runs: Ray node ids (the run's summary has them)."""
         self._actor_configs = [{**actor_config(cfg, slot.index, model_path, stream), "cores": slot.cores,
                                 "log_file": _log_file(log_dir, f"actor-{slot.index}")}
                                for slot in self._slots]
@@ -364,11 +369,3 @@ def _on(node_id: str):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]

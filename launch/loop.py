@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from launch import checkpoints
-from launch.builders import prepare_model
+from launch.builders import hub_access, prepare_model
 from launch.config import RunConfig
 from launch.metrics import RunLogger
 from launch.supervisor import Supervisor
@@ -83,6 +83,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
               f"{dropped} records of later steps dropped", flush=True)
     logger = RunLogger(run_dir, dataclasses.asdict(cfg), wandb_mode=cfg.logger.mode,
                        use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
+    hub_access(cfg)  # before any process starts: they inherit HF_HUB_OFFLINE
     cluster = make_cluster(cfg)
     monitor = None
     if cluster.connect():  # a local cluster: every process of the run is a descendant of this one
@@ -96,6 +97,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
             model_path = prepare_model(cfg, run_dir, cluster.warm_start)
             summary["warm_start_s"] = round(time.perf_counter() - t0, 1)
             cluster.start(model_path, log_dir=log_dir, streams=resume["actor_streams"] if resume else None)
+            summary["nodes"] = getattr(cluster, "nodes", {})  # one process: no placement
             summary.update(_run(cfg, run_dir, cluster, logger, monitor, stop, resume))
     finally:
         if monitor is not None:

@@ -19,7 +19,6 @@ from omegaconf import DictConfig
 
 from launch.config import RunConfig, to_run_config  # registers the schema with Hydra
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -163,6 +164,12 @@ class LearnerWorker:
                                            bucket_bytes=cfg.weight_bucket_bytes)
             out.update(stream_address=self.inbox.address, weight_address=self.publisher.address)
         return out
+
+    def free_port(self) -> int:
+        """A TCP port free on this rank's node now (rank 0's: the ranks' rendezvous)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
 
     def train_step(self, batch_size: int, timeout_s: float) -> dict[str, float]:
         """Take ``batch_size`` trajectories (rank 0), share them, train; collective.

@@ -2,6 +2,7 @@
 the GPU experiment presets carry VAGEN's published hyper-parameters."""
 
 import inspect
+import os
 
 import pytest
 from launch.builders import actor_config, prepare_model, trainer_config, warm_start_config
@@ -192,3 +193,18 @@ def test_the_local_topology_restarts_no_actor_and_says_why():
     with pytest.raises(RuntimeError, match="topology=local restarts no actor") as info:
         cluster.restart_actor(0, crash)
     assert info.value.__cause__ is crash
+
+
+def test_hub_access_is_off_for_local_models_and_a_hub_id_fails_clearly(monkeypatch, tmp_path):
+    from launch.builders import hub_access
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hub_access(compose([]))  # the tiny model: built here, nothing to fetch
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    hub_access(compose([f"model.path={tmp_path}"]))  # a local directory
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network either way on a test machine
+    with pytest.raises(RuntimeError, match=r"'no-such-org/no-such-model' .* could not be fetched "
+                                           r"from the Hugging Face hub \(HF_HUB_OFFLINE=1 is set\)"):
+        hub_access(compose(["model.path=no-such-org/no-such-model"]))
