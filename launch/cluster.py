@@ -83,6 +83,10 @@ class RayCluster:
         self._started_ray = True
         return True
 
+    def check_room(self) -> None:
+        """``PlacementError`` now, before the warm start, if the cluster cannot hold the run."""
+        place(_nodes(), self._roles())
+
     def warm_start(self, model_path: str, out: Path) -> str:
         """SFT on demonstrations (launch/warm_start.py) in a Ray task that takes a whole node on
         CPU (nothing else runs yet); its worker exits after it and gives its memory back."""

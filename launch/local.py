@@ -112,6 +112,9 @@ class LocalCluster:
             self._loop.call(self.actors[-1].start())
         self._join_weight_group()
 
+    def check_room(self) -> None:
+        """Nothing to place: one process (see the module docstring)."""
+
     def shutdown(self) -> None:
         """The actors (their engines tear down the default process group), then the learner, then
         the event loop; each step also when an earlier one failed."""

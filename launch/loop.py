@@ -76,6 +76,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir = _log_dir(cfg, run_dir)
+    hub_access(cfg)  # before any process starts: they inherit HF_HUB_OFFLINE
     resume = _resume_point(cfg, run_dir)
     if resume is not None:
         dropped = checkpoints.truncate_records(run_dir, resume["step"])
@@ -83,7 +84,6 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
               f"{dropped} records of later steps dropped", flush=True)
     logger = RunLogger(run_dir, dataclasses.asdict(cfg), wandb_mode=cfg.logger.mode,
                        use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
-    hub_access(cfg)  # before any process starts: they inherit HF_HUB_OFFLINE
     cluster = make_cluster(cfg)
     monitor = None
     if cluster.connect():  # a local cluster: every process of the run is a descendant of this one
@@ -93,6 +93,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": cfg.train.mode}
     try:
         with Stop() as stop:
+            cluster.check_room()  # a run the cluster cannot hold fails before its warm start
             t0 = time.perf_counter()
             model_path = prepare_model(cfg, run_dir, cluster.warm_start)
             summary["warm_start_s"] = round(time.perf_counter() - t0, 1)

@@ -88,6 +88,7 @@ def place(nodes: list[Node], roles: Roles, *, base_port: int = 29500,
           bind_cores: bool = False) -> Placement:
     if not nodes:
         raise PlacementError("no nodes")
+    _check_totals(nodes, roles)
     free = {n.name: [n.cpus, n.gpus] for n in nodes}
     slots: list[Slot] = []
 
@@ -137,6 +138,23 @@ def _bind_cores(nodes: list[Node], slots: list[Slot]) -> list[Slot]:
                 bound[i] = tuple(range(low, low + wants[i]))
                 low += wants[i]
     return [replace(s, cores=bound[i]) if i in bound else s for i, s in enumerate(slots)]
+
+
+def _check_totals(nodes: list[Node], roles: Roles) -> None:
+    """More GPUs or CPUs asked for than the cluster has at all: say what each role asks for."""
+    gpus = roles.learner_ranks * roles.learner_gpus + roles.actors * roles.engine_gpus
+    cpus = (roles.learner_ranks * roles.learner_cpus + roles.actors * roles.actor_cpus
+            + roles.env_workers * roles.env_worker_cpus)
+    have_gpus, have_cpus = sum(n.gpus for n in nodes), sum(n.cpus for n in nodes)
+    if gpus > have_gpus or cpus > have_cpus + 1e-9:
+        raise PlacementError(
+            f"the run asks for {gpus} GPUs ({roles.learner_ranks} learner ranks x "
+            f"{roles.learner_gpus} + {roles.actors} actors x {roles.engine_gpus}) and {cpus:g} "
+            f"CPUs ({roles.learner_ranks} x {roles.learner_cpus:g} + {roles.actors} x "
+            f"{roles.actor_cpus:g} + {roles.env_workers} env workers x {roles.env_worker_cpus:g}); "
+            f"the cluster has {have_gpus} GPUs and {have_cpus:g} CPUs on {len(nodes)} node(s). "
+            f"Lower learner.ranks / actors.num (or learner.gpus, actors.gpus_per_engine, the "
+            f"CPUs each asks for), or add nodes")
 
 
 def _fits(free, name, cpus, gpus) -> bool:

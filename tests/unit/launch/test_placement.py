@@ -29,10 +29,15 @@ def test_gpu_cluster_packs_the_learner_and_spreads_actors():
 
 
 def test_infeasible_requests_say_why():
-    with pytest.raises(PlacementError, match="actor 1"):
+    with pytest.raises(PlacementError, match="asks for 2 GPUs"):  # more than the cluster has
         place([Node("n", "h", cpus=2, gpus=1)], Roles(actors=2, engine_gpus=1))
-    with pytest.raises(PlacementError, match="learner rank 0"):
+    with pytest.raises(PlacementError, match="asks for 1 GPUs"):
         place([Node("n", "h", cpus=8)], Roles(learner_gpus=1))
+    two = [Node("a", "h", cpus=4, gpus=1), Node("b", "h2", cpus=4, gpus=1)]
+    with pytest.raises(PlacementError, match="no node has room for actor 0"):  # enough, but split
+        place(two, Roles(actors=1, engine_gpus=2))
+    with pytest.raises(PlacementError, match="no node has room for learner rank 0"):
+        place(two, Roles(learner_gpus=2, actors=1))
     with pytest.raises(PlacementError):
         place([], Roles())
     with pytest.raises(ValueError):
@@ -109,3 +114,20 @@ def test_bound_cores_never_overlap_on_random_clusters():
                 bound += 1
                 assert not s.gpus and len(s.cores) == max(1, -(-s.cpus // 1))
     assert bound > 50
+
+
+def test_a_run_larger_than_the_cluster_says_what_it_asks_for():
+    roles = Roles(learner_ranks=4, learner_gpus=1, actors=4, engine_gpus=1, env_workers=2,
+                  env_worker_cpus=0.5)
+    with pytest.raises(PlacementError, match=r"asks for 8 GPUs \(4 learner ranks x 1 \+ 4 actors "
+                                             r"x 1\) and 9 CPUs .* has 4 GPUs and 16 CPUs on 1 node"):
+        place([Node("a", "h", cpus=16, gpus=4)], roles)
+
+
+def test_a_gpu_preset_on_a_cpu_machine_fails_before_anything_starts():
+    from launch.cluster import RayCluster
+    from launch.train import compose
+
+    roles = RayCluster(compose(["experiment=vagen_full_sokoban_3b"]))._roles()
+    with pytest.raises(PlacementError, match="asks for 8 GPUs"):
+        place([Node("local", "127.0.0.1", cpus=2)], roles)
