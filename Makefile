@@ -69,4 +69,4 @@ system:
 	@bash launch/system.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache runs multirun outputs
+	rm -rf $(VENV) .pytest_cache runs outputs

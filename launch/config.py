@@ -324,6 +324,10 @@ class RunConfig:
     """Seeds the warm start, the actors' maps and sampling, and the learner's initialisation."""
     run_name: str = "run"
     """Names the run directory and the wandb run."""
+    storage: str = "runs"
+    """Where run directories go: a local path or a shared filesystem (relative: to where the
+    command starts, which under ``ray job submit`` is Ray's temporary copy of the working
+    directory, deleted after the job)."""
     env_name: str = "frozenlake"
     """The env group's choice: a registry name (envs/registry.py)."""
     topology: str = "ray"
@@ -338,7 +342,8 @@ class RunConfig:
         if self.topology == "local" and (self.actors.num != 1 or self.learner.ranks != 1
                                          or self.actors.tp != 1):
             raise ValueError(f"topology=local runs one actor and one learner rank, got actors.num="
-                             f"{self.actors.num}, learner.ranks={self.learner.ranks}")
+                             f"{self.actors.num}, learner.ranks={self.learner.ranks}, "
+                             f"actors.tensor_parallel={self.actors.tp}")
         if not isinstance(self.env.get("max_turns"), int):
             raise ValueError(f"env.max_turns: the {self.env_name} config must say how many turns an "
                              "episode has at most (an int)")

@@ -47,7 +47,15 @@ def main(cfg: DictConfig) -> float:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run = to_run_config(cfg)
     # train.resume=<run dir>: the run continues in its own directory, not Hydra's new one
-    summary = train(run, run.train.resume or HydraConfig.get().runtime.output_dir)
+    run_dir = Path(run.train.resume or HydraConfig.get().runtime.output_dir).resolve()
+    if not Path(run.storage).is_absolute() and os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        logging.getLogger(__name__).warning(
+            "storage=%s is relative, and this is a Ray job: its working directory is Ray's "
+            "temporary copy, which Ray deletes after the job; give storage=<absolute path>",
+            run.storage)
+    print(f"run directory: {run_dir}", flush=True)
+    summary = train(run, run_dir)
+    print(f"run directory: {run_dir} (summary.json, metrics.jsonl, final-model/)", flush=True)
     return float(summary.get("eval_last3_mean", 0.0))  # the objective a sweeper would maximise
 
 

@@ -2,8 +2,7 @@
 
 A long run allocates and frees blocks of every size each step: batches of variable length and
 the gathered state dict of every publish in the learner, the temporaries of every weight reload
-in the vLLM worker, and each bucket of a weight broadcast a subscriber received and its reader
-let go (transport/weights.py trims after each one). glibc keeps freed blocks
+in the vLLM worker (a weight broadcast's bucket buffers are kept and reused). glibc keeps freed blocks
 inside its arenas, and when live blocks sit between them it cannot shrink the heap, so resident
 memory creeps up over hours although nothing leaks. ``malloc_trim(0)`` hands every free page in
 every arena back (it also releases pages in the middle of a heap), which bounds that creep; it

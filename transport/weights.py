@@ -25,10 +25,11 @@ Wire protocol of one publish, every message a broadcast from rank 0 (as uint8 by
 
 Memory: the publisher reads its tensors one at a time (a lazy iterator: the learner gathers
 each from its FSDP shards when the publish reaches it) and sends each bucket as soon as its last
-tensor is packed, reusing the buffers; a subscriber receives each bucket into a fresh buffer and
-yields its tensors before receiving the next, so the reader (vLLM's weight loader) loads a bucket
-while the next is on its way and the memory beyond the model is about one bucket per dtype on
-either side (plus what the reader itself holds back).
+tensor is packed, reusing its buffers; a subscriber receives each bucket into a buffer no reader
+holds any more (its own, reused; a new one while the reader still holds the others: vLLM's
+loader keeps a layer's tensors until the layer is complete) and yields its tensors before
+receiving the next. So the memory beyond the model is about one bucket per dtype on either side,
+plus what the reader holds back.
 
 Invariants: versions strictly increase (the publisher refuses, a subscriber raises otherwise),
 except that the first publish of a new generation may repeat the last version (a publish that
@@ -48,7 +49,6 @@ from typing import Iterable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from transport import heap
 from transport.packing import DTYPES, Bucket, Layout, dtype_name
 
 SOURCE = 0  # the publisher's rank: the only broadcast source
@@ -256,6 +256,13 @@ class WeightPublisher(_Member):
         self._free.setdefault(bucket.dtype, []).append(whole)
 
 
+def _use_count(buffer: torch.Tensor) -> int | None:
+    """References to ``buffer``'s storage (every view holds one); None where torch has no way
+    to tell."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return None if count is None else int(count(buffer.untyped_storage()._cdata))
+
+
 def _chain(first: list, rest: Iterator) -> Iterator:
     yield from first
     yield from rest
@@ -279,6 +286,8 @@ class WeightSubscriber(_Member):
         self._layout: Layout | None = None
         self._reading = False  # a publish is being read
         self._rejoined = True
+        self._pool: list[tuple[torch.Tensor, int]] = []  # (bucket buffer, its use count alone)
+        self._pool_layout: Layout | None = None
         self.join(generation, world_size)
 
     def join(self, generation: int | None = None, world_size: int | None = None) -> int:
@@ -293,15 +302,30 @@ class WeightSubscriber(_Member):
         self._rejoined, self._reading = True, False
         return generation
 
+    def _free_buffer(self, layout: Layout, bucket: Bucket, device: torch.device) -> torch.Tensor:
+        """A buffer for ``bucket``: one of this subscriber's that no reader holds a view of any
+        more (reused: no fresh pages to fault in for every bucket of every publish), else a new
+        one, big enough for any bucket of its dtype. Where torch cannot say whether a buffer is
+        still held, always a new one (freed when the reader drops it)."""
+        for buffer, alone in self._pool:
+            if buffer.dtype == DTYPES[bucket.dtype] and _use_count(buffer) == alone:
+                return buffer
+        numel = max(b.numel for b in layout.buckets if b.dtype == bucket.dtype)
+        buffer = torch.empty(numel, dtype=DTYPES[bucket.dtype], device=device)
+        alone = _use_count(buffer)
+        if alone is not None:
+            self._pool.append((buffer, alone))
+        return buffer
+
     def _current(self) -> tuple[int, int, str | None]:
         generation, size, backend = self._store.get(_CURRENT).decode().split()
         return int(generation), int(size), None if backend == "-" else backend
 
     def receive(self) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
         """Wait for the next publish: ``(version, tensors)``; ``tensors`` yields ``(name,
-        tensor)`` in publish order, receiving each bucket when the reader reaches it. Read it
-        to its end before the next ``receive``. Each tensor is a view into its bucket's own
-        buffer (never reused), so it stays valid as long as the reader keeps it."""
+        tensor)`` bucket by bucket, receiving each bucket when the reader reaches it. Read it
+        to its end before the next ``receive``. Each tensor is a view into a buffer that is
+        not reused while the reader holds any view of it, so it stays valid as long as kept."""
         if self._reading:
             raise self._fail("receive", RuntimeError("the previous publish was not read to its end"))
         try:
@@ -329,16 +353,16 @@ class WeightSubscriber(_Member):
 
     def _tensors(self, group, layout: Layout, version: int, device: torch.device
                  ) -> Iterator[tuple[str, torch.Tensor]]:
+        if layout is not self._pool_layout:
+            self._pool, self._pool_layout = [], layout
         for bucket in layout.buckets:
-            buffer = bucket.allocate(device)
+            buffer = self._free_buffer(layout, bucket, device)[:bucket.numel]
             try:
                 _broadcast(group, buffer)
             except RuntimeError as e:
                 self._reading = False
                 raise self._fail(f"receive of version {version}, bucket {bucket.index}", e) from e
             yield from bucket.unpack(buffer)
-            del buffer  # the reader's views keep it as long as it needs them
-            heap.trim()  # what the reader let go: a freed bucket under glibc's mmap threshold
-            # (32 MiB at most) stays in the heap, and the heap grew by a bucket each time
+            del buffer
         self._reading = False
         self.last_version, self._rejoined = version, False

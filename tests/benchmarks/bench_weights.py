@@ -137,8 +137,9 @@ def main() -> None:
     rows = run(args.repeats)
     report(rows, args.json)
     print("\nMemory beyond the model: the publisher holds one bucket per dtype (its buffers are "
-          "reused); a subscriber a bucket or so while its reader drops each tensor once loaded. "
-          "Unbounded buckets hold the whole model on both sides.")
+          "reused); a subscriber about two (it reuses a buffer once nothing holds it, and the "
+          "last bucket is still held when the next arrives). Unbounded buckets hold the whole "
+          "model on both sides.")
 
 
 if __name__ == "__main__":
