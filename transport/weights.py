@@ -206,6 +206,7 @@ class WeightPublisher(_Member):
             self._layout_in_group = True  # sent: a failure below spends the group anyway
             self._send_buckets(group, layout, [first] if first else [], tensors, device)
         except (RuntimeError, ValueError) as e:  # gloo/NCCL errors, store timeouts, a bad tensor
+            self._free, self._held = {}, 0  # the buffers being filled are dropped with the group
             raise self._fail(f"publish of version {version} failed", e) from e
         self.layouts_sent += bool(payload)
         self.last_version, self._resend_ok = version, False
