@@ -35,9 +35,9 @@ def test_evaluations_are_weighted_by_episodes():
 
 
 def test_push_timings_take_the_slowest_actor():
-    out = push_timings({"weights/gather_s": 0.1}, [{"pause_s": 0.2, "total_s": 0.5},
+    out = push_timings({"weights/publish_s": 0.1}, [{"pause_s": 0.2, "total_s": 0.5},
                                                    {"pause_s": 0.4, "total_s": 0.3}], lambda: 0.9)
-    assert out == {"weights/gather_s": 0.1, "weights/push_s": 0.9, "weights/actor_pause_s": 0.4,
+    assert out == {"weights/publish_s": 0.1, "weights/push_s": 0.9, "weights/actor_pause_s": 0.4,
                    "weights/actor_receive_s": 0.0, "weights/actor_total_s": 0.5}
 
 
