@@ -287,8 +287,9 @@ class RayCluster:
         # Two CPU engines on one node: one core each. An actor that holds cores of its own
         # (slot.cores) puts its engine on those instead (actors/actor.py).
         if len(self._slots) > 1 and not slot.gpus:
-            env_vars["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(
-                [slot.index * len(slot.weight_ranks)], len(slot.weight_ranks))
+            workers = len(slot.weight_ranks)
+            first = slot.index * workers % max(1, os.cpu_count() or 1)
+            env_vars["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding([first], workers)
         return ray.remote(InferenceActor).options(
             num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
             runtime_env={"env_vars": env_vars} if env_vars else None,
