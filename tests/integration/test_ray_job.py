@@ -36,8 +36,15 @@ def _free_port() -> int:
 
 def _ours(marker: str) -> list[int]:
     """Pids of the processes whose command line names ``marker`` (this test's temp dir)."""
-    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split() if int(p) != os.getpid()]
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                pass
+    return pids
 
 
 @pytest.mark.timeout(1500)  # beyond the submit's own limit, so the head is always stopped here
