@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from learner import losses
+from transport.packing import dtype_name
 
 
 class ValueModel(nn.Module):
@@ -52,3 +53,20 @@ def token_logprobs(model, ids, temperature, *, entropy=False, entropy_grad=False
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = F.pad(losses.entropy_from_logits(logits), (1, 0))
     return F.pad(logp, (1, 0)), ent
+
+
+def lazy_full_state(model: nn.Module):
+    """``(specs, tensors)``: the model's HF-named state as ``(name, dtype, shape)`` specs, and a
+    lazy iterator of ``(name, full tensor)`` in the same order that gathers each tensor from its
+    FSDP shards only when it is reached, on the model's device (a GPU learner publishes from GPU
+    memory). Collective for a sharded model: every rank reads the iterator to its end."""
+    from torch.distributed.tensor import DTensor
+
+    state = model.state_dict()
+    specs = [(name, dtype_name(t.dtype, name), tuple(t.shape)) for name, t in state.items()]
+
+    def gather():
+        for name, t in state.items():
+            yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+
+    return specs, gather()

@@ -52,12 +52,11 @@ from learner import advantages, checkpoint, losses
 from learner.batch import Batch, collate, kl_penalty
 from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
 from learner.metrics import StepMetrics, batch_metrics, explained_variance
-from learner.models import ValueModel, load_model, token_logprobs
+from learner.models import ValueModel, lazy_full_state, load_model, token_logprobs
 from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
 from learner.spans import TagSpans
 from learner.value_norm import ValueNorm
 from learner.vision import ImageInputs, is_vision_config
-from transport.packing import dtype_name
 from transport.schema import Trajectory
 
 _WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".pt")
@@ -340,18 +339,9 @@ class Trainer:
     # --- weights and checkpoints ------------------------------------------------------------
 
     def weights_for_publish(self):
-        """``(specs, tensors)``: the policy's HF-named state as ``(name, dtype, shape)`` specs,
-        and a lazy iterator of ``(name, full tensor)`` in the same order that gathers each
-        tensor from its FSDP shards only when it is reached, on the rank's device (so a GPU
-        learner publishes from GPU memory). Collective: every rank reads it to its end."""
-        state = self.policy.state_dict()
-        specs = [(name, dtype_name(t.dtype, name), tuple(t.shape)) for name, t in state.items()]
-
-        def gather():
-            for name, t in state.items():
-                yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
-
-        return specs, gather()
+        """learner/models.py's ``lazy_full_state`` of the policy. Collective: every rank reads
+        its iterator to the end."""
+        return lazy_full_state(self.policy)
 
     def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
         """The policy's full HF-named state dict on CPU on rank 0, {} elsewhere. Collective."""
