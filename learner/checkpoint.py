@@ -9,7 +9,9 @@ default process group (every rank calls them); the RNG states are per process.
 from __future__ import annotations
 
 import random
+import shutil
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,3 +68,23 @@ def optimizer_fingerprint(optimizers: Iterable[torch.optim.Optimizer], device) -
         dist.all_reduce(sums)
         out += sums.tolist()
     return out
+
+
+_WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".pt")
+
+
+def save_hf(state: dict[str, torch.Tensor], rank: int, policy_class, hf_config, model_path: str,
+            path: str | Path) -> None:
+    """Rank 0 writes ``state`` (a full state dict, as ``Trainer.state_dict_for_publish`` gives
+    it) as a Hugging Face directory at ``path``: weights, config, and the tokenizer and other
+    non-weight files of ``model_path``. Collective (a barrier: the directory exists on return)."""
+    if rank == 0:
+        out = Path(path)
+        with torch.device("meta"):
+            model = policy_class.from_config(hf_config, dtype=torch.float32)
+        model.load_state_dict(state, assign=True)
+        model.save_pretrained(out)
+        for f in Path(model_path).iterdir():
+            if f.is_file() and f.name != "config.json" and not f.name.endswith(_WEIGHT_FILES):
+                shutil.copy2(f, out / f.name)
+    dist.barrier()

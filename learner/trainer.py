@@ -34,7 +34,6 @@ Invariants:
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -59,7 +58,6 @@ from learner.value_norm import ValueNorm
 from learner.vision import ImageInputs, is_vision_config
 from transport.schema import Trajectory
 
-_WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".pt")
 
 
 class Trainer:
@@ -389,17 +387,7 @@ class Trainer:
         return checkpoint.optimizer_fingerprint((o for _, _, o in self._trainables()), self.device)
 
     def save_hf(self, path: str | Path) -> None:
-        """Rank 0 writes the policy as a Hugging Face directory (weights, config, and the
-        tokenizer and other non-weight files of model_path) that vLLM loads. Collective."""
-        state = self.state_dict_for_publish()
-        if self.rank == 0:
-            out = Path(path)
-            with torch.device("meta"):
-                model = self._policy_class().from_config(self.hf_config, dtype=torch.float32)
-            model.load_state_dict(state, assign=True)
-            model.save_pretrained(out)
-            for f in Path(self.cfg.model_path).iterdir():
-                if f.is_file() and f.name != "config.json" and not f.name.endswith(_WEIGHT_FILES):
-                    shutil.copy2(f, out / f.name)
-        dist.barrier()
-
+        """learner/checkpoint.py's ``save_hf`` of the policy: a Hugging Face directory that vLLM
+        loads. Collective."""
+        checkpoint.save_hf(self.state_dict_for_publish(), self.rank, self._policy_class(),
+                           self.hf_config, self.cfg.model_path, path)
