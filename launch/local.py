@@ -112,6 +112,9 @@ class LocalCluster:
             self._loop.call(self.actors[-1].start())
         self._join_weight_group()
 
+    nodes: dict[str, str] = {}
+    """No placement: one process (RayCluster has each process's node)."""
+
     def check_room(self) -> None:
         """Nothing to place: one process (see the module docstring)."""
 

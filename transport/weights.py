@@ -226,7 +226,7 @@ class WeightPublisher(_Member):
                                  f"{entry.dtype} {entry.shape}")
             bucket = buckets[entry.bucket]
             if entry.bucket not in filling:
-                filling[entry.bucket] = self._take(bucket, device)
+                filling[entry.bucket] = self._take(bucket.dtype, device)
             bucket.view(entry, filling[entry.bucket]).copy_(tensor)
             while sent < len(buckets) and buckets[sent].last <= position:
                 self._send(group, buckets[sent], filling.pop(buckets[sent].index, None))
@@ -236,25 +236,26 @@ class WeightPublisher(_Member):
                 raise ValueError(f"{len(layout.entries)} tensors in the specs, fewer were given")
             sent += 1
 
-    def _take(self, bucket: Bucket, device: torch.device) -> torch.Tensor:
-        free = self._free.setdefault(bucket.dtype, [])
+    def _take(self, dtype: str, device: torch.device) -> torch.Tensor:
+        """A buffer for a bucket of ``dtype``: big enough for any bucket of the dtype, so every
+        buffer fits every bucket; reused once sent."""
+        free = self._free.setdefault(dtype, [])
         if free:
             buffer = free.pop()
-        else:  # big enough for any bucket of the dtype, so every buffer fits every bucket
-            numel = max(b.numel for b in self._layout.buckets if b.dtype == bucket.dtype)
-            buffer = torch.empty(numel, dtype=DTYPES[bucket.dtype], device=device)
+        else:
+            numel = max(b.numel for b in self._layout.buckets if b.dtype == dtype)
+            buffer = torch.empty(numel, dtype=DTYPES[dtype], device=device)
         self._held += buffer.numel() * buffer.element_size()
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self._held)
-        return buffer[:bucket.numel]
+        return buffer
 
     def _send(self, group, bucket: Bucket, buffer: torch.Tensor | None) -> None:
         if buffer is None:  # a bucket of empty tensors: nothing travels
             return
-        _broadcast(group, buffer)
+        _broadcast(group, buffer[:bucket.numel])
         self.buckets_sent += 1
-        whole = buffer._base if buffer._base is not None else buffer
-        self._held -= whole.numel() * whole.element_size()
-        self._free.setdefault(bucket.dtype, []).append(whole)
+        self._held -= buffer.numel() * buffer.element_size()
+        self._free[bucket.dtype].append(buffer)
 
 
 def _use_count(buffer: torch.Tensor) -> int | None:
