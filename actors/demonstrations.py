@@ -2,7 +2,7 @@
 player wrote, as token-in/token-out Trajectories exactly as the actor would have recorded them.
 
 Called by launch/warm_start.py (supervised fine-tuning before RL). Works for the grid envs
-(envs.frozenlake, envs.sokoban: a ``GridEnv`` with a ``game`` that can ``solve()``), in every
+(envs.frozenlake, envs.sokoban, envs.gym_game: a ``GridEnv`` with a ``game`` that can ``solve()``), in every
 answer format of envs.formats.FORMATS, and for a game that plans its own demonstration turns
 (``demonstrate_turn`` and ``reasoning``: envs/primitive_skill/game.py, whose ``"habit"`` puts a
 cube back where it was picked and whose other mistakes are missed points).
@@ -164,7 +164,8 @@ def _choose(game, rng: np.random.Generator, noise: float, mistake: str, k: int,
         previous = action
         if sim.move(action)[1]:  # the episode ends here: the env executes nothing after it
             break
-    return actions, describe(*sim.objects()), n_random
+    own_text = getattr(sim, "state_text", None)  # as GridEnv.state_text: the game's own words
+    return actions, own_text() if own_text else describe(*sim.objects()), n_random
 
 
 def _reasoning(game, how: str) -> str:

@@ -15,7 +15,11 @@ What the env must provide (or the config say):
 - a text rendering: ``render()`` in ``"ansi"`` mode (colour codes are stripped) is the observation;
 - optionally ``state_text()`` (the true state in words, for the reasoning judge; without it the
   judge cannot score and the config must turn it off) and ``solve()`` (a shortest action-name
-  sequence to success, for the warm start's demonstrations; without it the warm start is off).
+  sequence to success, for the warm start's demonstrations). Without ``solve()``, an env whose
+  dynamics are a deterministic table, as gymnasium's toy-text games publish them (``P[s][a] =
+  [(1.0, next state, reward, terminated)]`` with the state in ``s``: CliffWalking, Taxi,
+  FrozenLake off the ice), is solved here by breadth-first search over the table; an env with
+  neither (a slippery one, say) gets no warm start.
 Success: ``info["success"]`` where the env reports it, else by the config's ``success`` rule:
 ``terminated`` (reaching a terminal state is success: CliffWalking, Taxi) or ``positive_reward``
 (a terminal step with a positive reward: FrozenLake, whose holes also terminate).
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,11 +41,12 @@ import numpy as np
 from envs.grid_env import GridEnv
 
 ACTION_NAMES: dict[str, tuple[str, ...]] = {
-    "CliffWalking": ("Up", "Right", "Down", "Left"),
-    "Taxi": ("South", "North", "East", "West", "Pickup", "Dropoff"),
-    "FrozenLake": ("Left", "Down", "Right", "Up"),
+    "CliffWalkingEnv": ("Up", "Right", "Down", "Left"),
+    "TaxiEnv": ("South", "North", "East", "West", "Pickup", "Dropoff"),
+    "FrozenLakeEnv": ("Left", "Down", "Right", "Up"),
 }
-"""Action names of gymnasium's toy-text games, by id without the version (their docs' order)."""
+"""Action names of gymnasium's toy-text games, by the env's class (so every registered variant,
+CliffWalkingSlippery-v1 say, has them; their docs' order)."""
 SUCCESS_RULES = ("terminated", "positive_reward")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -83,11 +89,56 @@ class GymGame:
 
     @property
     def has_solver(self) -> bool:
-        """The env can ``solve()`` (the warm start's demonstrations need it)."""
-        return hasattr(self.env.unwrapped, "solve")
+        """The env can ``solve()``, or its dynamics are a deterministic table to search (the warm
+        start's demonstrations need one of them)."""
+        return hasattr(self.env.unwrapped, "solve") or self._table() is not None
 
     def solve(self) -> list[str] | None:
-        return self.env.unwrapped.solve() if self.has_solver else None
+        """The shortest action names from the current state to success (the env's own solver
+        where it has one), or None where success cannot be reached."""
+        own = getattr(self.env.unwrapped, "solve", None)
+        if own is not None:
+            return own()
+        table, state = self._table(), getattr(self.env.unwrapped, "s", None)
+        return None if table is None or state is None else self._search(table, int(state))
+
+    def _table(self) -> dict | None:
+        """The env's transition table ``P`` if it is one this search can use: every state's every
+        action has one outcome, with probability 1 (the current state is the env's ``s``)."""
+        if not hasattr(self, "_deterministic_table"):
+            u = self.env.unwrapped
+            table = getattr(u, "P", None)
+            usable = isinstance(table, dict) and bool(table) and all(
+                len(outcomes) == 1 and outcomes[0][0] == 1.0
+                for actions in table.values() for outcomes in actions.values())
+            self._deterministic_table = table if usable else None
+        return self._deterministic_table
+
+    def _search(self, table: dict, start: int) -> list[str] | None:
+        """Breadth-first over ``table`` from ``start`` to a step that counts as success."""
+        came_from: dict[int, tuple[int, int] | None] = {start: None}
+        queue = deque([start])
+        while queue:
+            state = queue.popleft()
+            for action, ((_, after, reward, terminated),) in table[state].items():
+                if terminated and (self.success == "terminated" or reward > 0):
+                    path = [action]
+                    while came_from[state] is not None:
+                        state, previous = came_from[state]
+                        path.append(previous)
+                    return [self.action_space[a] for a in reversed(path)]
+                if not terminated and int(after) not in came_from:
+                    came_from[int(after)] = (state, action)
+                    queue.append(int(after))
+        return None
+
+    def reasoning(self) -> str:
+        """A demonstration's reasoning: how long the shortest way is and how it starts."""
+        plan = self.solve() or []
+        if not plan:
+            return "No way to the goal is left, so any move will do."
+        moves = f"{len(plan)} move{'s' if len(plan) > 1 else ''}"
+        return f"The shortest way to the goal takes {moves} and starts {', '.join(plan[:3])}."
 
     def text(self) -> str:
         return _ANSI.sub("", self.env.render()).strip("\n")
@@ -133,7 +184,7 @@ def make_env(*, id: str | None = None, entry_point: str | None = None,
         raise ValueError(f"{id or entry_point} renders no text: 'ansi' is not among its "
                          f"render_modes {env.metadata.get('render_modes')}")
     names = action_names or env.metadata.get("action_names") or ACTION_NAMES.get(
-        (id or "").split("/")[-1].split("-v")[0])
+        type(env.unwrapped).__name__)
     if names is None:
         env.close()
         raise ValueError(f"name the actions of {id or entry_point} (env.action_names=[...]): "

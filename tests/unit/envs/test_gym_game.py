@@ -140,3 +140,42 @@ def test_taxi_names_its_six_actions():
     result = env_step(env, _answer("Pickup"))  # no passenger here: -10, executed, not the end
     assert result.reward == -10 + 0.5 and result.info["actions"] == ["Pickup"]
     assert np.isfinite(result.reward)
+
+
+@pytest.mark.parametrize("settings, start_plan", [
+    (dict(id="CliffWalking-v1"), ["Up"] + ["Right"] * 11 + ["Down"]),
+    # the 4x4 map off the ice: holes end the episode without reward, so the way goes round them
+    (dict(id="FrozenLake-v1", kwargs={"is_slippery": False}, success="positive_reward"),
+     ["Down", "Down", "Right", "Down", "Right", "Right"]),
+])
+def test_a_deterministic_table_is_solved_by_search(settings, start_plan):
+    env = make_env(**settings, format="no_think", max_turns=20, max_actions_per_turn=3,
+                   prompt="none")
+    env.reset(seed=0)
+    assert env.has_solver and env.solve() == start_plan
+    env_step(env, _answer(*start_plan[:2]))
+    assert env.solve() == start_plan[2:]  # replanned from where the player stands
+    env.close()
+
+
+def test_taxi_is_solved_by_search_from_every_start():
+    env = make_env(id="Taxi-v4", format="no_think", max_turns=1, prompt="none")
+    for seed in range(20):
+        env.reset(seed=seed)
+        plan = env.solve()
+        u = env.game.env.unwrapped
+        for name in plan:  # the plan played out ends in the drop-off, nothing earlier
+            _, reward, terminated, _, _ = u.step(env.action_names.index(name))
+        assert terminated and reward == 20 and len(plan) <= 20
+    env.close()
+
+
+def test_a_slippery_or_tableless_env_has_no_solver():
+    slippery = make_env(id="FrozenLake-v1", kwargs={"is_slippery": True},
+                        success="positive_reward", format="no_think", prompt="none")
+    corridor = make_env(entry_point=f"{__name__}:Corridor", kwargs={"length": 5},
+                        format="no_think", prompt="none")
+    for env in (slippery, corridor):
+        env.reset(seed=0)
+        assert not env.has_solver and env.solve() is None
+        env.close()
