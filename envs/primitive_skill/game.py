@@ -17,7 +17,8 @@ so one per env worker process as the pool runs it); ManiSkill needs a Vulkan dev
 - Reward (VAGEN's): the layer's format reward per turn, and on the episode's last turn
   ``end_reward()`` = stage value now - stage value at reset - ``step_penalty`` x skills executed,
   where the stage value is 10 on success, else 2 x (highest completed stage + 1), 0 for none
-  (envs/primitive_skill/tasks.py lists each task's stages). The episode ends on success.
+  (envs/primitive_skill/tasks.py and drawer.py list each task's stages). The episode ends on
+  success.
 - ``solve()`` is the scripted expert: the skills that finish the task from the current state.
 
 Invariants: same seed, same episode (layouts and the simulation); every action string the game
@@ -116,24 +117,28 @@ class PrimitiveSkill:
                     "y to your right, z up.")
 
     def __init__(self, task: str, *, image_size: int = 300, step_penalty: float = STEP_PENALTY,
-                 sim_config: dict[str, Any] | None = None) -> None:
+                 assets: str = "builtin", sim_config: dict[str, Any] | None = None) -> None:
         import gymnasium as gym
         import torch
 
-        from envs.primitive_skill import tasks
+        from envs.primitive_skill import drawer, tasks
         from envs.primitive_skill.skills import Skills
 
-        if task not in tasks.TASKS:
-            raise ValueError(f"unknown task {task!r}; expected one of {sorted(tasks.TASKS)}")
+        ids = tasks.TASKS | drawer.TASKS
+        if task not in ids:
+            raise ValueError(f"unknown task {task!r}; expected one of {sorted(ids)}")
+        if task in drawer.TASKS:
+            sim_config = {"assets": assets, **(sim_config or {})}
         self.name, self.step_penalty = task, float(step_penalty)
         # The camera renders on the GPU where there is one, else on the CPU (lavapipe).
         render_backend = "gpu" if torch.cuda.is_available() else "cpu"
-        self.env = gym.make(tasks.TASKS[task], num_envs=1, obs_mode="state",
+        self.env = gym.make(ids[task], num_envs=1, obs_mode="state",
                             control_mode="pd_ee_delta_pose", render_mode="rgb_array",
                             sim_backend="cpu", render_backend=render_backend,
                             image_size=image_size, **(sim_config or {}))
         self.sim = self.env.unwrapped
-        self.skills = Skills(self.env, self._grasp_yaw)
+        self.skills = Skills(self.env, self._grasp_yaw,
+                             push_yaw=getattr(self.sim, "push_yaw", lambda p1, p2: None))
         self.workspace = dict(tasks.WORKSPACE_MM)
         limits = ", ".join(f"{a} in [{lo}, {hi}]" for a, (lo, hi) in self.workspace.items())
         self.task = (f"You control a robot arm above a table. {self.sim.INSTRUCTION}\n"
@@ -199,7 +204,11 @@ class PrimitiveSkill:
 
     def _grasp_yaw(self, p: np.ndarray) -> float | None:
         """The yaw to grasp the cube at ``p`` with: across two faces (of the two such yaws, the one
-        whose fingers pass farthest from the other cubes); None when no cube is within 3 cm."""
+        whose fingers pass farthest from the other cubes); None when no cube is within 3 cm. A
+        task with no cubes says it itself (``grasp_yaw``)."""
+        own = getattr(self.sim, "grasp_yaw", None)
+        if own is not None:
+            return own(p)
         centres = {n: c.pose.p[0].numpy() for n, c in self.sim.cubes.items()}
         near = [n for n, c in centres.items() if np.linalg.norm(c[:2] - p[:2]) < 0.03]
         if not near:
@@ -224,6 +233,10 @@ class PrimitiveSkill:
         if self.success():
             return []
         pos = self.positions_mm()
+        own = getattr(self.sim, "expert", None)  # a task of other things than cubes plans itself
+        if own is not None:
+            plan = own(pos)
+            return None if plan is None else [_act(name, p) for name, p in plan]
         held = [n for n in self.sim.cubes if bool(self.sim.held(n)[0])]
         plan: list[str] = []
         goals = self._goals(pos)
@@ -274,18 +287,28 @@ class PrimitiveSkill:
     def reasoning(self) -> str:
         """One sentence on the expert's next move (the demonstrations' <reasoning>)."""
         pos = self.positions_mm()
+        if self.name == "PutAppleInDrawer":
+            (dx, dy, _), (hx, hy, _) = pos["drawer"], pos["drawer_handle"]
+            if not self.sim.evaluate()["stages"][0, 1]:
+                return f"The apple should go into the open drawer at ({dx}, {dy}), so I put it there."
+            return f"The apple is in the drawer, so I push the handle at ({hx}, {hy}) until it is in."
         for cube, goal in self._goals(pos):
             if not self._placed(cube, goal, pos):
                 return f"The {cube} cube should go to ({goal[0]}, {goal[1]}), so I move it there."
         return "The task is done."
 
     def _predict(self, actions: list[str]) -> dict[str, tuple[int, int, int]]:
-        """The positions after ``actions`` if each works: a pick lifts the cube nearest its point
-        (within 30 mm) to the hand's home, a place puts the held cube at its point."""
+        """The positions after ``actions`` if each works: a pick lifts the cube (or apple) nearest
+        its point (within 30 mm) to the hand's home, a place puts the held one at its point, a push
+        from at or before the drawer's handle moves the drawer in, and what is in it, to the push's
+        end (no further than closed)."""
         pos, held = self.positions_mm(), None
         for action in actions:
             name, p = _split(action)
-            cubes = [n for n in pos if n.endswith("_cube")]
+            cubes = [n for n in pos if n.endswith("_cube") or n == "apple"]
+            if name == "push" and "drawer_handle" in pos:
+                self._predict_push(pos, p)
+                continue
             if name == "pick":
                 near = min(cubes, key=lambda n: np.hypot(pos[n][0] - p[0], pos[n][1] - p[1]))
                 if np.hypot(pos[near][0] - p[0], pos[near][1] - p[1]) <= 30:
@@ -293,6 +316,20 @@ class PrimitiveSkill:
             elif name == "place" and held is not None:
                 pos[held], held = (p[0], p[1], p[2] - (REST_MM - 20)), None
         return pos
+
+    def _predict_push(self, pos: dict[str, tuple[int, int, int]], p: list[int]) -> None:
+        """A push's effect on the drawer (see ``_predict``), in ``pos``."""
+        hx, hy, hz = pos["drawer_handle"]
+        closed_y = hy - round(self.sim.open_by() * 1000)
+        if not (abs(p[0] - hx) <= 30 and abs(p[2] - hz) <= 30 and p[1] >= hy > p[4]):
+            return
+        front = max(p[4], closed_y)
+        (dx, dy, dz), (ax, ay, az) = pos["drawer"], pos["apple"]
+        if np.hypot(ax - dx, ay - dy) <= 50:  # the apple rides in the drawer
+            pos["apple"] = (ax, ay + front - hy, az)
+        # as the task states it: the middle of the floor out of the cabinet, at least an apple's
+        pos["drawer"] = (dx, front - max(front - closed_y, 60) // 2, dz)
+        pos["drawer_handle"] = (hx, front, hz)
 
     def _goals(self, pos: dict[str, tuple[int, int, int]]) -> list[tuple[str, tuple[int, int, int]]]:
         """(cube, where the expert places it), in order; a goal may depend on earlier cubes."""
@@ -327,12 +364,13 @@ def _split(action: str) -> tuple[str, list[int]]:
 
 
 def make_env(*, task: str = "PlaceTwoCube", image_size: int = 300,
-             step_penalty: float = STEP_PENALTY, sim_config: dict[str, Any] | None = None,
-             **layer: Any) -> GridEnv:
-    """The PrimitiveSkill ``task`` in VAGEN's layer; ``layer`` is GridEnv's settings."""
+             step_penalty: float = STEP_PENALTY, assets: str = "builtin",
+             sim_config: dict[str, Any] | None = None, **layer: Any) -> GridEnv:
+    """The PrimitiveSkill ``task`` in VAGEN's layer; ``layer`` is GridEnv's settings; ``assets``:
+    where PutAppleInDrawer's apple and cabinet come from (envs/primitive_skill/drawer.py)."""
     layer.setdefault("max_actions_per_turn", 2)
     layer.setdefault("action_sep", "|")
-    game = PrimitiveSkill(task, image_size=image_size, step_penalty=step_penalty,
+    game = PrimitiveSkill(task, image_size=image_size, step_penalty=step_penalty, assets=assets,
                           sim_config=sim_config)
     try:
         return GridEnv(game, action_example=("pick(62,-55,20)", "place(75,33,50)"),

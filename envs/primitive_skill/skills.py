@@ -65,12 +65,15 @@ class Skills:
     ``grasp_yaw(p)``: the yaw (rad, about the world's z axis, within [-pi/2, pi/2]) at which to
     grasp the object at ``p``, or None where there is none (the hand keeps its yaw); a pick turns
     the hand to it above ``p`` and keeps it until the next pick. At yaw 0 the fingers open along
-    the world's y axis; at yaw t along (-sin t, cos t).
+    the world's y axis; at yaw t along (-sin t, cos t). ``push_yaw(p1, p2)``: the yaw for a push
+    from ``p1`` to ``p2``, or None to keep the hand's.
     """
 
     def __init__(self, env, grasp_yaw: Callable[[np.ndarray], float | None] = lambda p: None,
-                 config: SkillConfig = SkillConfig()) -> None:
-        self.env, self.config, self.grasp_yaw = env, config, grasp_yaw
+                 config: SkillConfig = SkillConfig(),
+                 push_yaw: Callable[[np.ndarray, np.ndarray], float | None] = lambda a, b: None
+                 ) -> None:
+        self.env, self.config, self.grasp_yaw, self.push_yaw = env, config, grasp_yaw, push_yaw
         self.agent = env.unwrapped.agent
         self.steps = 0
         self.gripper = OPEN
@@ -96,6 +99,9 @@ class Skills:
         return self._home() and ok
 
     def push(self, p1: np.ndarray, p2: np.ndarray) -> bool:
+        yaw = self.push_yaw(p1, p2)
+        if yaw is not None:
+            self._hand = Rotation.from_euler("z", yaw) * DOWN
         up1, up2 = p1 + [0, 0, self.config.approach], p2 + [0, 0, self.config.approach]
         ok = self._run([("grip", CLOSED), ("move", up1), ("move", p1), ("move", p2), ("move", up2)],
                        self.config.push_budget)

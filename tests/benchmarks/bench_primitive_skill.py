@@ -15,7 +15,7 @@ import json
 import multiprocessing as mp
 import time
 
-TASKS = ("PlaceTwoCube", "StackThreeCube", "AlignTwoCube")
+TASKS = ("PlaceTwoCube", "StackThreeCube", "AlignTwoCube", "PutAppleInDrawer")
 
 
 def _rss_mib() -> float:
