@@ -54,6 +54,7 @@ from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
 from transport.channels import TrajectorySink, trajectory_sink
+from transport.security import read_client
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +135,12 @@ class InferenceActor(WeightUpdates):
                 self._pool = await pool
                 self.env = LocalEnvClient(self._pool)
             elif self.env is None:
-                self.env = RemoteEnvClient(cfg.env_address)
+                keys = None if cfg.env_curve is None else read_client(cfg.env_curve)
+                self.env = RemoteEnvClient(cfg.env_address, curve=keys)
                 await self._check_remote_slots()
             if cfg.learner_address:
-                self._sender = trajectory_sink(cfg.learner_address, cfg.actor_id)  # tcp:// or inproc://
+                self._sender = trajectory_sink(cfg.learner_address, cfg.actor_id,  # tcp:// or inproc://
+                                               curve=cfg.learner_curve)
         except BaseException:
             if pool is not None and self._pool is None:
                 await asyncio.wait([pool])  # let the pool finish starting, so close() stops it

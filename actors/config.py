@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from transport.security import ClientKeys
+
 
 @dataclass
 class ActorConfig:
@@ -66,6 +68,11 @@ class ActorConfig:
     """Episode seeds are drawn from [low, high)."""
     learner_address: str | None = None
     """The learner's trajectory stream (transport/stream.py); None: trajectories are not sent."""
+    learner_curve: ClientKeys | None = None
+    """The stream's CurveZMQ client keys (transport/security.py), as the driver hands them out."""
+    env_curve: str | None = None
+    """A directory of CurveZMQ certificates (``python -m transport.security DIR``) whose client
+    keys open the env service at ``env_address`` (served with ``--curve DIR``)."""
     initial_version: int = 0
     """The weight version of ``model_path``."""
     cores: tuple[int, ...] = ()

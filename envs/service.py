@@ -20,6 +20,9 @@ Invariants:
   ``ok: false`` reply and is counted in ``malformed_requests``; the server keeps serving.
 - A remote reset/step that gets no reply within ``timeout_s`` ends its slots with
   ``EpisodeFailure("service_timeout")``; an error reply raises ``EnvServiceError``.
+- With CurveZMQ keys (transport/security.py: the server's from ``python -m envs.main --curve DIR``,
+  the actors' from ``actors.env_curve=DIR``), a client without an allowed key never gets a request
+  through; ``stats`` counts the refused handshakes (``refused/<reason>``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from envs.pool import EnvPool
 from envs.protocol import Observation, StepResult
 from envs.wire import EpisodeFailure, from_wire, to_wire
 from transport.codec import CodecError, decode, encode
+from transport.security import ClientKeys, CurveServer, ServerKeys, curve_client
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +147,14 @@ def parse_request(msg: Any, num_slots: int) -> tuple[int, str, tuple]:
 class EnvServer:
     """Serves an ``EnvClient`` (normally a ``LocalEnvClient``) on a ROUTER socket."""
 
-    def __init__(self, client: EnvClient, num_slots: int, address: str = DEFAULT_ADDRESS) -> None:
+    def __init__(self, client: EnvClient, num_slots: int, address: str = DEFAULT_ADDRESS, *,
+                 curve: ServerKeys | None = None) -> None:
         self.client, self.num_slots = client, num_slots
         self.counters = {"requests": 0, "malformed_requests": 0, "failed_requests": 0}
         self._ctx = zmq.asyncio.Context()
         self._socket = self._ctx.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._curve = None if curve is None else CurveServer(self._socket, curve)
         self._socket.bind(address)
         self.address = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
 
@@ -185,12 +191,20 @@ class EnvServer:
         if op == "ping":
             return {"id": rid, "ok": True, "ping": {"num_slots": self.num_slots}}
         if op == "stats":
-            return {"id": rid, "ok": True, "stats": {**await self.client.stats(), **self.counters}}
+            refused = {f"refused/{k}": v for k, v in self.refused().items()}
+            return {"id": rid, "ok": True,
+                    "stats": {**await self.client.stats(), **self.counters, **refused}}
         results = await getattr(self.client, op)(*args)
         results = results if op in ("reset", "step") else [results]
         return {"id": rid, "ok": True, "results": [to_wire(r) for r in results]}
 
+    def refused(self) -> dict[str, int]:
+        """Failed CurveZMQ handshakes by reason (empty without CURVE)."""
+        return {} if self._curve is None else dict(self._curve.drain())
+
     def close(self) -> None:
+        if self._curve is not None:
+            self._curve.close()
         self._socket.close(linger=0)
         self._ctx.term()
 
@@ -198,11 +212,14 @@ class EnvServer:
 class RemoteEnvClient:
     """An ``EnvClient`` for an ``EnvServer``; many requests may be in flight at once."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout_s: float = 60.0) -> None:
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout_s: float = 60.0, *,
+                 curve: ClientKeys | None = None) -> None:
         self.address, self.timeout_s = address, timeout_s
         self._ctx = zmq.asyncio.Context()
         self._socket = self._ctx.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve_client(self._socket, curve)
         self._socket.connect(address)
         self._pending: dict[int, asyncio.Future] = {}
         self._next_id = 0

@@ -69,7 +69,7 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
         "env_name": cfg.env_name, "env_config": env_config(cfg),
         "env_workers": ac.env_workers, "envs_per_worker": ac.envs_per_worker,
         "step_timeout_s": ac.step_timeout_s, "reset_timeout_s": ac.reset_timeout_s,
-        "env_address": ac.env_address,
+        "env_address": ac.env_address, "env_curve": ac.env_curve,
         # actors sharing one env service take disjoint slot ranges of it
         "env_slot_offset": index * ac.env_workers * ac.envs_per_worker if ac.env_address else 0,
         "concurrency": ac.concurrency, "group_size": ac.group_size,
@@ -80,6 +80,19 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
         "learner_address": stream_address, "dtype": cfg.model.dtype,
         "tensor_parallel": ac.tp,
     }
+
+
+def stream_keys(cfg: RunConfig, networked: bool):
+    """The trajectory stream's CurveZMQ keys, (the learner's, the actors'), or None where
+    ``transport.curve`` leaves it open (off; auto on loopback: ``networked`` False)."""
+    from transport import security
+
+    t = cfg.transport
+    if t.curve == "off" or (t.curve == "auto" and not networked):
+        return None
+    if t.curve_keys:
+        return security.read_server(t.curve_keys), security.read_client(t.curve_keys)
+    return security.generate()
 
 
 def worker_config(cfg: RunConfig, model_path: str):

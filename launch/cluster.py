@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launch.builders import actor_config, warm_start_config, worker_config
+from launch.builders import actor_config, stream_keys, warm_start_config, worker_config
 from launch.config import RunConfig
 from launch.placement import Node, Roles, place
 from actors.engine import cpu_thread_binding
@@ -61,6 +61,10 @@ class RayCluster:
         self._actor_configs: list[dict[str, Any]] = []
         self._weights: WeightGroup | None = None
         self._started_ray = False
+        self.nodes: dict[str, str] = {}
+        """Where each learner rank and actor runs: Ray node ids (the run's summary has them)."""
+        self.stream_secured = False
+        """The stream requires CurveZMQ keys (transport.curve)."""
 
     # --- the cluster ---------------------------------------------------------------------------
     def connect(self) -> bool:
@@ -123,20 +127,25 @@ class RayCluster:
         remote = bool(cfg.ray.address or os.environ.get("RAY_ADDRESS"))
         host = placement.learner_address if remote else "127.0.0.1"
         port = ray.get(self.learners[0].free_port.remote())
+        # CurveZMQ on the stream (transport.curve): the server keys to rank 0, the client keys
+        # to every actor; made here for this run unless given by file.
+        keys = stream_keys(cfg, networked=remote)
+        self.stream_secured = keys is not None
         infos = ray.get([w.setup.remote(
             host, port,
             stream_address=f"tcp://{host}:{cfg.transport.stream_port}",
             weight_address=f"tcp://{host}:{cfg.transport.weight_port}",
             weight_world_size=placement.weight_world_size, device=cfg.learner.device,
+            stream_curve=keys[0] if keys and w is self.learners[0] else None,
         ) for w in self.learners])
         stream = infos[0]["stream_address"]
         self._weights = WeightGroup(infos[0]["weight_address"], placement.weight_world_size,
                                     cfg.transport.weight_timeout_s)
         self._slots = placement.of("actor")
         self.nodes = {f"{s.role}-{s.index}": s.node for s in placement.slots if s.role != "env_worker"}
-        """Where each learner rank and actor runs: Ray node ids (the run's summary has them)."""
         self._actor_configs = [{**actor_config(cfg, slot.index, model_path, stream), "cores": slot.cores,
-                                "log_file": _log_file(log_dir, f"actor-{slot.index}")}
+                                "log_file": _log_file(log_dir, f"actor-{slot.index}"),
+                                "learner_curve": keys[1] if keys else None}
                                for slot in self._slots]
         self.incarnations = [0] * len(self._slots)
         for i, stream_at in enumerate((streams or [])[:len(self._slots)]):

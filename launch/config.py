@@ -109,6 +109,9 @@ class ActorsConfig(EnvPoolConfig):
     """The engine's KV cache size; always explicit (on CPU vLLM would take most of the RAM)."""
     env_address: Optional[str] = None
     """tcp://host:port of an env service (python -m envs.main) instead of in-process workers."""
+    env_curve: Optional[str] = None
+    """CurveZMQ certificates (python -m transport.security DIR) whose client keys open an env
+    service started with --curve DIR; null: the service takes anyone."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -199,10 +202,17 @@ class TransportConfig:
     weight_bucket_mb: float = 256
     """The weights travel in flat buckets of at most this many MiB (a larger tensor alone): the
     memory a push needs beyond the model, on the learner's rank 0 and in each engine."""
+    curve: str = "auto"
+    """CurveZMQ on the trajectory stream: on | off | auto (on when the run joins a Ray cluster,
+    where the stream binds a network address; off on loopback)."""
+    curve_keys: Optional[str] = None
+    """Certificates to use (python -m transport.security DIR); null: keys made for this run."""
 
     def __post_init__(self) -> None:
         if self.weight_bucket_mb <= 0:
             raise ValueError(f"transport.weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
+        if self.curve not in ("auto", "on", "off"):
+            raise ValueError(f"transport.curve must be auto, on or off, got {self.curve!r}")
 
 
 @dataclass
@@ -344,6 +354,9 @@ class RunConfig:
             raise ValueError(f"topology=local runs one actor and one learner rank, got actors.num="
                              f"{self.actors.num}, learner.ranks={self.learner.ranks}, "
                              f"actors.tensor_parallel={self.actors.tp}")
+        if self.topology == "local" and self.transport.curve == "on":
+            raise ValueError("transport.curve=on: topology=local streams in memory, with no socket "
+                             "to secure")
         if not isinstance(self.env.get("max_turns"), int):
             raise ValueError(f"env.max_turns: the {self.env_name} config must say how many turns an "
                              "episode has at most (an int)")

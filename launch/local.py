@@ -114,6 +114,8 @@ class LocalCluster:
 
     nodes: dict[str, str] = {}
     """No placement: one process (RayCluster has each process's node)."""
+    stream_secured = False
+    """The stream is in memory: no socket, no keys (RayCluster's may use CurveZMQ)."""
 
     def check_room(self) -> None:
         """Nothing to place: one process (see the module docstring)."""

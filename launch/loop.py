@@ -98,7 +98,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
             model_path = prepare_model(cfg, run_dir, cluster.warm_start)
             summary["warm_start_s"] = round(time.perf_counter() - t0, 1)
             cluster.start(model_path, log_dir=log_dir, streams=resume["actor_streams"] if resume else None)
-            summary["nodes"] = cluster.nodes
+            summary["nodes"], summary["stream_curve"] = cluster.nodes, cluster.stream_secured
             summary.update(_run(cfg, run_dir, cluster, logger, monitor, stop, resume))
     finally:
         if monitor is not None:

@@ -35,6 +35,10 @@ class Cluster(Protocol):
 
     incarnations: list[int]
     """Per actor: times it was restarted."""
+    nodes: dict[str, str]
+    """Where each learner rank and actor runs (after ``start``)."""
+    stream_secured: bool
+    """The trajectory stream requires CurveZMQ keys (after ``start``)."""
 
     @property
     def actors(self) -> list: ...

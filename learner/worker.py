@@ -40,6 +40,7 @@ from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
 from transport.channels import WeightSource, trajectory_source, weight_source
+from transport.security import ServerKeys
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,13 @@ class Inbox:
     """Rank 0's receiving thread: stream -> buffer, with credit returned from this thread only."""
 
     def __init__(self, address: str, *, max_staleness: int, on_stale: str = "drop",
-                 window_bytes: int = 8 << 20, group_size: int = 1, partial_groups: str = "train") -> None:
-        self.receiver = trajectory_source(address, window_bytes=window_bytes)  # tcp:// or inproc://
+                 window_bytes: int = 8 << 20, group_size: int = 1, partial_groups: str = "train",
+                 curve: ServerKeys | None = None) -> None:
+        # tcp:// or inproc://; CurveZMQ keys (transport/security.py) on tcp:// only
+        self.receiver = trajectory_source(address, window_bytes=window_bytes, curve=curve)
         self.address = self.receiver.address
+        self.refused: dict[str, int] = {}
+        """Connections the stream refused (no or unknown CurveZMQ keys), by reason."""
         self._releases: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self.buffer = TrajectoryBuffer(max_staleness=max_staleness, on_stale=on_stale,
                                        release=lambda actor, n: self._releases.put((actor, n)),
@@ -64,7 +69,9 @@ class Inbox:
         try:
             while not self._stop.is_set():
                 items = self.receiver.poll(0.02)
+                refused = dict(self.receiver.refused)  # from this thread: it owns the socket
                 with self._lock:
+                    self.refused = refused
                     for actor, trajectory, nbytes in items:
                         self.buffer.put(actor, trajectory, nbytes)
                 while True:
@@ -93,6 +100,7 @@ class Inbox:
             return {
                 "stream/received": float(sum(self.receiver.received.values())),
                 "stream/rejected": float(sum(v for k, v in self.receiver.rejected.items() if "/" not in k)),
+                "stream/refused": float(sum(self.refused.values())),
                 "buffer/taken": float(sum(b.taken.values())),
                 "buffer/dropped": float(sum(b.dropped.values())),
                 "buffer/dropped_stale": float(b.dropped["stale"]),
@@ -130,11 +138,13 @@ class LearnerWorker:
 
     def setup(self, master_addr: str | None, master_port: int = 0, *,
               stream_address: str | None = None, weight_address: str = "tcp://127.0.0.1:0",
-              weight_world_size: int = 1, device: str = "cpu") -> dict[str, Any]:
+              weight_world_size: int = 1, device: str = "cpu",
+              stream_curve: ServerKeys | None = None) -> dict[str, Any]:
         """Join the FSDP group and build the trainer; rank 0 also binds the stream and the weight
         channel (transport/channels.py: ``tcp://`` or ``inproc://`` each) and returns both
         addresses, ports resolved. ``master_addr`` None: a group of one rank on an in-memory
-        store (no socket), for the single-process topology."""
+        store (no socket), for the single-process topology. ``stream_curve``: the stream's
+        CurveZMQ server keys (transport/security.py), None for none."""
         cfg = self.config
         redirect_output(cfg.log_file)
         backend = "nccl" if device.startswith("cuda") else "gloo"
@@ -158,7 +168,7 @@ class LearnerWorker:
             self.inbox = Inbox(stream_address or "tcp://127.0.0.1:0",
                                max_staleness=cfg.max_staleness, on_stale=cfg.on_stale,
                                window_bytes=cfg.window_bytes, group_size=cfg.group_size,
-                               partial_groups=cfg.partial_groups)
+                               partial_groups=cfg.partial_groups, curve=stream_curve)
             self.publisher = weight_source(weight_address, world_size=weight_world_size,
                                            backend=backend, timeout_s=cfg.weight_timeout_s,
                                            bucket_bytes=cfg.weight_bucket_bytes)

@@ -29,7 +29,8 @@ import torch
 
 from transport.inprocess import InProcessTrajectoryChannel, InProcessWeights
 from transport.schema import Trajectory
-from transport.stream import CurveKeys, TrajectoryReceiver, TrajectorySender
+from transport.security import ClientKeys, ServerKeys
+from transport.stream import TrajectoryReceiver, TrajectorySender
 from transport.weights import DEFAULT_BUCKET_BYTES, WeightPublisher, WeightSubscriber
 
 INPROC = "inproc://"
@@ -83,6 +84,12 @@ class TrajectorySource(Protocol):
     @property
     def rejected(self) -> Mapping[str, int]:
         """Malformed messages per kind, and per ``kind/actor``."""
+        ...
+
+    @property
+    def refused(self) -> Mapping[str, int]:
+        """Connections refused by CurveZMQ, per reason (transport/security.py); read it from the
+        thread that polls."""
         ...
 
     def poll(self, timeout_s: float = 0.0) -> list[tuple[str, Trajectory, int]]:
@@ -145,7 +152,7 @@ _inproc_weights: dict[str, InProcessWeights] = {}
 
 def trajectory_source(address: str, *, window_bytes: int = 64 << 20,
                       max_message_bytes: int = 256 << 20,
-                      curve: CurveKeys | None = None) -> TrajectorySource:
+                      curve: ServerKeys | None = None) -> TrajectorySource:
     """The learner's end, bound at ``address``; ``curve`` applies to ZeroMQ only."""
     if not address.startswith(INPROC):
         return TrajectoryReceiver(address, window_bytes=window_bytes,
@@ -157,7 +164,7 @@ def trajectory_source(address: str, *, window_bytes: int = 64 << 20,
 
 
 def trajectory_sink(address: str, actor_id: int, *,
-                    curve: CurveKeys | None = None) -> TrajectorySink:
+                    curve: ClientKeys | None = None) -> TrajectorySink:
     """Actor ``actor_id``'s end, connected to the source at ``address``."""
     if not address.startswith(INPROC):
         return TrajectorySender(address, actor_id, curve=curve)
@@ -207,7 +214,7 @@ def _lookup(registry, address: str):
     return channel
 
 
-def _no_curve(address: str, curve: CurveKeys | None) -> None:
+def _no_curve(address: str, curve: ServerKeys | ClientKeys | None) -> None:
     if curve is not None:
         raise ValueError(f"{address}: CurveZMQ keys apply to ZeroMQ addresses only")
 

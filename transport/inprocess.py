@@ -55,6 +55,8 @@ class InProcessTrajectoryChannel:
         self.received: Counter[str] = Counter()
         """Valid trajectories per actor identity (``actor-{id}``, as over ZeroMQ)."""
         self.rejected: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        """Always empty: only this process's code can reach an in-process channel."""
         """Malformed messages per kind (``codec``, ``schema``, ``too_large``) and ``kind/actor``."""
         self.closed = False
         self._changed = threading.Condition()  # a message queued, bytes released, or closed

@@ -20,8 +20,9 @@ answers to its repeats, so repeating never widens the window. No send blocks pas
 even with no learner connected. Payloads
 are transport/codec.py msgpack (no pickle: a received message can never execute code) of a
 transport/schema.py Trajectory. Anything else is counted by kind, logged once per kind, dropped.
-Binds loopback by default; optional CurveZMQ (keys from files, see ``CurveKeys``) keeps
-strangers from connecting or injecting trajectories on a multi-host network.
+Binds loopback by default; CurveZMQ (transport/security.py: the learner holds the server keys,
+each actor the client keys) keeps strangers from connecting or injecting trajectories on a
+multi-host network, and ``refused`` counts the handshakes it failed.
 """
 
 from __future__ import annotations
@@ -29,34 +30,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
 
 import zmq
-import zmq.auth
 
 from transport.codec import CodecError, decode, encode
 from transport.schema import SchemaError, Trajectory
+from transport.security import ClientKeys, CurveServer, ServerKeys, curve_client
 
 log = logging.getLogger(__name__)
 
 HELLO, TRAJ, WINDOW, CREDIT = b"HELLO", b"TRAJ", b"WINDOW", b"CREDIT"
 HELLO_INTERVAL_S = 1.0
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5557"
-
-
-@dataclass(frozen=True)
-class CurveKeys:
-    """CurveZMQ certificates made by ``zmq.auth.create_certificates``.
-
-    Server: its own ``secret_file`` (holds both keys) and ``authorized_dir`` with the public
-    certificates of the actors allowed in. Actor: its own ``secret_file`` and the server's
-    ``server_public_file``.
-    """
-
-    secret_file: Path
-    server_public_file: Path | None = None
-    authorized_dir: Path | None = None
 
 
 class Rejected(Exception):
@@ -90,7 +75,7 @@ def count_rejected(rejected: Counter, kind: str, actor: str, detail: str) -> Non
 class TrajectorySender:
     """One actor's end: ``send`` blocks while the actor has no credit (backpressure)."""
 
-    def __init__(self, address: str, actor_id: int, *, curve: CurveKeys | None = None,
+    def __init__(self, address: str, actor_id: int, *, curve: ClientKeys | None = None,
                  context: zmq.Context | None = None):
         self.actor_id = actor_id
         self.sent = 0
@@ -100,7 +85,7 @@ class TrajectorySender:
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IDENTITY, f"actor-{actor_id}".encode())
         if curve is not None:
-            _curve_client(self._socket, curve)
+            curve_client(self._socket, curve)
         self._socket.connect(address)
         self._hello_at = time.monotonic()
         self._say_hello()
@@ -155,7 +140,7 @@ class TrajectoryReceiver:
     """The learner's end: decodes and validates, counts per actor, returns credit on release."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, window_bytes: int = 64 << 20,
-                 max_message_bytes: int = 256 << 20, curve: CurveKeys | None = None,
+                 max_message_bytes: int = 256 << 20, curve: ServerKeys | None = None,
                  context: zmq.Context | None = None):
         self.window_bytes = window_bytes
         self.max_message_bytes = max_message_bytes
@@ -164,14 +149,12 @@ class TrajectoryReceiver:
         self.rejected: Counter[str] = Counter()
         """Malformed messages per kind (``codec``, ``schema``, ``frame``, ``too_large``)."""
         self._context = context or zmq.Context.instance()
-        self._auth = None
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         # A restarted actor reconnects under its old identity, maybe before the dead connection
         # is noticed: it takes the identity over (by default ZeroMQ would refuse it).
         self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        if curve is not None:
-            self._auth = _curve_server(self._context, self._socket, curve)
+        self._curve = None if curve is None else CurveServer(self._socket, curve)
         self._socket.bind(address)
         self.address = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
 
@@ -196,10 +179,15 @@ class TrajectoryReceiver:
         """Give ``nbytes`` of credit back to ``actor`` (its trajectory left the buffer)."""
         self._grant(actor, nbytes)
 
+    @property
+    def refused(self) -> Counter[str]:
+        """Failed CurveZMQ handshakes by reason (transport/security.py); empty without CURVE."""
+        return Counter() if self._curve is None else Counter(self._curve.drain())
+
     def close(self) -> None:
+        if self._curve is not None:
+            self._curve.close()
         self._socket.close()
-        if self._auth is not None:
-            self._auth.stop()
 
     def _handle(self, actor: str, frames: list) -> tuple[str, Trajectory, int] | None:
         kind = frames[0] if frames else b""
@@ -233,25 +221,3 @@ class TrajectoryReceiver:
 def _wait_ms(deadline: float | None) -> int:
     """Milliseconds until ``deadline`` for ``zmq.Socket.poll`` (-1: no deadline, wait for good)."""
     return -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-
-
-def _curve_client(socket: zmq.Socket, keys: CurveKeys) -> None:
-    if keys.server_public_file is None:
-        raise ValueError("a CurveZMQ client needs server_public_file")
-    public, secret = zmq.auth.load_certificate(str(keys.secret_file))
-    server_public, _ = zmq.auth.load_certificate(str(keys.server_public_file))
-    socket.curve_publickey, socket.curve_secretkey, socket.curve_serverkey = public, secret, server_public
-
-
-def _curve_server(context: zmq.Context, socket: zmq.Socket, keys: CurveKeys):
-    from zmq.auth.thread import ThreadAuthenticator
-
-    if keys.authorized_dir is None:
-        raise ValueError("a CurveZMQ server needs authorized_dir (the actors' public certificates)")
-    auth = ThreadAuthenticator(context)
-    auth.start()
-    auth.configure_curve(domain="*", location=str(keys.authorized_dir))
-    public, secret = zmq.auth.load_certificate(str(keys.secret_file))
-    socket.curve_server = True
-    socket.curve_publickey, socket.curve_secretkey = public, secret
-    return auth

@@ -5,7 +5,9 @@ worker (the actor's vLLM ``worker_extension_cls`` method receives, and hands the
 ``reload_weights`` as they arrive). Depends on torch only: no Ray, no event loop, no default
 process group.
 
-Group: the publisher hosts a ``TCPStore`` (port 0 picks a free port, see ``.port``); the group of
+Group: the publisher hosts a ``TCPStore`` listening on its ``host`` only (port 0 picks a free port,
+see ``.port``; the store has no authentication: whoever reaches that address can read and write
+its keys, so on a cluster it belongs on a private network); the group of
 rank 0 (publisher, the broadcast source) and ranks 1..world_size-1 (subscribers) rendezvouses
 under the store prefix ``weights/{generation}``. The backend follows the publisher's tensors: gloo
 for host memory, NCCL for GPU memory (each subscriber then receives into its own GPU's memory);
@@ -43,6 +45,7 @@ together (the driver triggers both), within ``timeout_s``.
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Iterable, Iterator, Sequence
 
@@ -138,8 +141,13 @@ class WeightPublisher(_Member):
     def __init__(self, host: str = "127.0.0.1", port: int = 0, world_size: int = 2, *,
                  backend: str | None = None, timeout_s: float = 60.0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        # The store listens on ``host`` only, on a socket bound there and handed over (it closes
+        # it with the store): given none, TCPStore listens on every interface of the node.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, port), family=family, backlog=1024)
+        port = listener.getsockname()[1]
         store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=timeout_s))
+                              timeout=timedelta(seconds=timeout_s), master_listen_fd=listener.detach())
         super().__init__(store, SOURCE, backend, timeout_s)
         self.port: int = store.port
         self.address = f"tcp://{host}:{self.port}"

@@ -15,9 +15,10 @@ writes ``DIR/bench_gpu.json``:
   into ``WeightPublisher.publish`` with NCCL: with two or more GPUs a subscriber process on the
   second receives into its GPU memory and checks every tensor against the learner's; with one
   GPU the group holds the publisher alone (NCCL's broadcast to itself) and the buckets are
-  unpacked on the device and compared with the state they came from. Reports GB/s, the bucket
-  count, and the GPU memory the publish took beyond the model (peak allocated minus before),
-  against the bucket size.
+  unpacked on the device and compared with the state they came from; ``--shared-gpu`` puts a
+  subscriber process on that one GPU instead (NCCL between two processes on one device: where
+  NCCL refuses, ``receiver_error`` says how). Reports GB/s, the bucket count, and the GPU memory
+  the publish took beyond the model (peak allocated minus before), against the bucket size.
 
 ``--device cpu --size tiny`` runs the same code with gloo on the CPU (a subscriber process
 included): the check that the script works before a GPU is at hand.
@@ -120,11 +121,14 @@ def _subscriber(port: int, device: str, rounds: int, results) -> None:
         results.put(("error", repr(e), None))
 
 
-def bench_publish(trainer, bucket_mb: float, device: torch.device, loopback: bool = False) -> dict:
+def bench_publish(trainer, bucket_mb: float, device: torch.device, loopback: bool = False,
+                  shared_gpu: bool = False) -> dict:
     from transport.packing import Layout
-    from transport.weights import WeightPublisher
+    from transport.weights import WeightPublisher, WeightSyncError
 
-    two = not loopback and (device.type == "cpu" or torch.cuda.device_count() >= 2)
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    two = not loopback and (device.type == "cpu" or gpus >= 2 or shared_gpu)
+    receiver = "cpu" if device.type == "cpu" else ("cuda:1" if gpus >= 2 else "cuda:0")
     backend = "nccl" if device.type == "cuda" else "gloo"
     bucket = int(bucket_mb * 2**20)
     publisher = WeightPublisher("127.0.0.1", 0, 2 if two else 1, backend=backend,
@@ -136,7 +140,7 @@ def bench_publish(trainer, bucket_mb: float, device: torch.device, loopback: boo
             ctx = mp.get_context("spawn")
             results = ctx.Queue()
             proc = ctx.Process(target=_subscriber, daemon=True, args=(
-                publisher.port, "cuda:1" if device.type == "cuda" else "cpu", rounds, results))
+                publisher.port, receiver, rounds, results))
             proc.start()
         times, extra = [], []
         for version in range(1, rounds + 1):
@@ -146,7 +150,10 @@ def bench_publish(trainer, bucket_mb: float, device: torch.device, loopback: boo
                 torch.cuda.reset_peak_memory_stats(device)
             t0 = time.perf_counter()
             specs, tensors = trainer.weights_for_publish()
-            publisher.publish(tensors, version, specs=specs)
+            try:
+                publisher.publish(tensors, version, specs=specs)
+            except WeightSyncError as e:  # reported, not raised: the figure is that it failed
+                return {"receiver": receiver, "exact": False, "receiver_error": str(e)}
             sync()
             times.append(time.perf_counter() - t0)
             if device.type == "cuda":
@@ -163,8 +170,8 @@ def bench_publish(trainer, bucket_mb: float, device: torch.device, loopback: boo
             out["gpu_bytes_beyond_model"] = max(extra)
         if two:
             got = [results.get(timeout=300) for _ in range(rounds)]
-            if got[0][0] == "error":
-                raise RuntimeError(f"subscriber: {got[0][1]}")
+            if got[0][0] == "error":  # reported, not raised: the figure is that it failed
+                return out | {"receiver": receiver, "exact": False, "receiver_error": got[0][1]}
             want = {n: float(t.double().sum()) for n, t in state.items()}
             out["receiver"] = got[-1][2]
             out["exact"] = [v for v, _, _ in got] == list(range(1, rounds + 1)) and got[-1][1] == want
@@ -196,6 +203,10 @@ def main() -> None:
                    help="also one step of bi-level GAE (policy, critic and value head)")
     p.add_argument("--loopback", action="store_true",
                    help="no subscriber process, as on a machine of one GPU")
+    p.add_argument("--shared-gpu", action="store_true",
+                   help="with one GPU, run the subscriber process on that GPU too (NCCL between two "
+                        "processes on one device)")
+    p.add_argument("--skip-train", action="store_true", help="only the publishes")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
     from learner.config import TrainerConfig
@@ -218,8 +229,9 @@ def main() -> None:
                                 param_dtype="bfloat16" if device.type == "cuda" else "float32",
                                 micro_batch_size=args.micro_batch)
             trainer = Trainer(cfg, device=device)
-        report["train"] = bench_train(trainer, model, args, device)
-        print(json.dumps({"train": report["train"]}), flush=True)
+        if not args.skip_train:
+            report["train"] = bench_train(trainer, model, args, device)
+            print(json.dumps({"train": report["train"]}), flush=True)
         if args.critic_check:  # the critic's path (bi-level GAE) on the device: one step, timed
             del trainer
             with tempfile.TemporaryDirectory() as tmp:
@@ -235,7 +247,8 @@ def main() -> None:
             trainer = critic
         report["publish"] = []
         for bucket_mb in args.bucket_mb:
-            report["publish"].append(bench_publish(trainer, bucket_mb, device, args.loopback))
+            report["publish"].append(bench_publish(trainer, bucket_mb, device, args.loopback,
+                                                   args.shared_gpu))
             print(json.dumps({"publish": report["publish"][-1]}), flush=True)
     finally:
         args.out.mkdir(parents=True, exist_ok=True)

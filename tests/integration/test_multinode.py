@@ -1,7 +1,8 @@
 """The real loop on a Ray cluster of two nodes simulated on this machine (``ray.cluster_utils``:
 two raylets, each with its own resources): the learner takes one node, the actor the other, so
 every address the actor uses (the trajectory stream, the weight store) is one learner rank 0
-chose and advertised on its node, not one the driver assumed."""
+chose and advertised on its node, not one the driver assumed; and the stream, on the network now,
+takes only the keys the driver made for the run (transport.curve=auto)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def test_the_loop_runs_with_the_learner_and_the_actor_on_different_nodes(tmp_pat
     finally:
         ray.shutdown()
         cluster.shutdown()
+    # joined a cluster: the stream required the run's CurveZMQ keys, and the actor had them
+    assert summary["stream_curve"] is True
     nodes = summary["nodes"]
     assert set(nodes) == {"learner-0", "actor-0"} and nodes["learner-0"] != nodes["actor-0"]
     (actor,) = summary["actors"]

@@ -89,7 +89,9 @@ def test_ray_job_submit_runs_the_trainer_and_the_run_outlives_the_job(tmp_path):
                               env=env, capture_output=True, text=True).stdout
         (run_dir,) = storage.glob("*/*/summary.json")
         assert f"run directory: {run_dir.parent}" in logs  # printed at start and end
-        assert json.loads(run_dir.read_text())["steps"] == 1
+        summary = json.loads(run_dir.read_text())
+        # a run that joins a cluster requires CurveZMQ keys on its stream (transport.curve=auto)
+        assert summary["steps"] == 1 and summary["stream_curve"] is True
     finally:
         head.send_signal(signal.SIGTERM)  # --block: the CLI stops what it started
         try:

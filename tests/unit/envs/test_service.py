@@ -5,6 +5,7 @@ clean."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import select
@@ -25,6 +26,7 @@ from envs.registry import load_config, make
 from envs.service import EnvServer, EnvServiceError, LocalEnvClient, RemoteEnvClient
 from envs.wire import EpisodeFailure
 from tests.unit.envs.fake_envs import CounterEnv, assert_same
+from transport import security
 from transport.codec import decode, encode
 from tests.envs_api import env_reset, env_step
 
@@ -219,14 +221,30 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def test_service_process_serves_frozenlake_and_stops_on_sigterm():
+@contextlib.contextmanager
+def _service_process(*flags: str):
+    """``python -m envs.main`` serving FrozenLake on loopback: (the process, the first line it
+    printed); it must stop cleanly on SIGTERM, and is killed if the test fails first."""
     cmd = [sys.executable, "-m", "envs.main", "--bind", "tcp://127.0.0.1:*", "--env", "frozenlake",
-           "--env-workers", "2", "--envs-per-worker", "1", "--set", "max_turns=2"]
+           *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert select.select([proc.stdout], [], [], 20)[0], "the service did not start"
         line = proc.stdout.readline()
         assert line.startswith("env service on tcp://127.0.0.1:"), line
+        yield proc, line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def test_service_process_serves_frozenlake_and_stops_on_sigterm():
+    with _service_process("--env-workers", "2", "--envs-per-worker", "1",
+                          "--set", "max_turns=2") as (proc, line):
         address = line.split()[-1]
         children = _descendants(proc.pid)
         local = make("frozenlake", **{**load_config("frozenlake"), "max_turns": 2})
@@ -238,13 +256,6 @@ def test_service_process_serves_frozenlake_and_stops_on_sigterm():
             assert await c.system_prompt(0) == local.system_prompt()
 
         asyncio.run(_with_client(address, run, timeout_s=10))
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
     deadline = time.monotonic() + 5
     while any(os.path.exists(f"/proc/{pid}") for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -256,3 +267,58 @@ def test_service_process_serves_frozenlake_and_stops_on_sigterm():
     finally:
         sock.close(linger=0)
         ctx.term()
+
+
+def test_a_curve_service_serves_its_clients_and_refuses_and_counts_strangers(tmp_path):
+    keys = security.write(tmp_path / "keys")
+    with _service_process("--env-workers", "1", "--envs-per-worker", "1",
+                          "--curve", str(keys)) as (_, line):
+        assert "(CurveZMQ)" in line, line
+        address = line.split()[3]
+        stranger = security.generate()[1]
+        strangers = [None, security.ClientKeys(stranger.public, stranger.secret,
+                                               security.read_client(keys).server_public)]
+
+        async def refused(client) -> int:
+            return sum(v for k, v in (await client.stats()).items() if k.startswith("refused/"))
+
+        async def run():
+            client = RemoteEnvClient(address, timeout_s=10, curve=security.read_client(keys))
+            try:
+                assert (await client.ping()) == {"num_slots": 1}
+                counts = [await refused(client)]
+                for curve in strangers:  # no keys, a key the service does not know
+                    stranger = RemoteEnvClient(address, timeout_s=1.0, curve=curve)
+                    try:  # nothing gets in
+                        assert await stranger.reset([0], [3]) == [EpisodeFailure("service_timeout")]
+                    finally:
+                        await stranger.close()
+                    deadline = time.monotonic() + 10  # the handshake's failure is reported apart
+                    while await refused(client) == counts[-1] and time.monotonic() < deadline:
+                        await asyncio.sleep(0.1)
+                    counts.append(await refused(client))
+                return counts, await client.stats()
+            finally:
+                await client.close()
+
+        counts, stats = asyncio.run(run())
+        assert counts[0] == 0 and counts[0] < counts[1] < counts[2]  # each stranger counted
+        # a refused socket retries until it closes: a mismatch, or a handshake cut off at close
+        assert set(stats) & {"refused/no_curve", "refused/bad_handshake"}
+        assert stats["refused/unknown_key"] >= 1
+        # no stranger's request arrived: no reset reached the envs, nothing was malformed
+        assert stats["resets"] == 0 and stats["malformed_requests"] == 0
+
+
+@pytest.mark.parametrize("bind, served", [
+    ("tcp://127.0.0.1:5555", True), ("tcp://[::1]:5555", True), ("tcp://localhost:5555", True),
+    ("ipc:///tmp/envs", True), ("tcp://0.0.0.0:5555", False), ("tcp://*:5555", False),
+    ("tcp://10.1.2.3:5555", False), ("tcp://node7:5555", False),
+])
+def test_a_network_address_is_served_only_with_keys_or_knowingly_open(bind, served):
+    from envs.main import _loopback, main
+
+    assert _loopback(bind) == served
+    if not served:
+        with pytest.raises(SystemExit, match="give --curve DIR"):
+            main(["--bind", bind, "--env", "frozenlake"])

@@ -208,3 +208,25 @@ def test_hub_access_is_off_for_local_models_and_a_hub_id_fails_clearly(monkeypat
     with pytest.raises(RuntimeError, match=r"'no-such-org/no-such-model' .* could not be fetched "
                                            r"from the Hugging Face hub \(HF_HUB_OFFLINE=1 is set\)"):
         hub_access(compose(["model.path=no-such-org/no-such-model"]))
+
+
+def test_the_stream_is_keyed_on_a_cluster_and_open_on_loopback_unless_told(tmp_path):
+    from launch.builders import stream_keys
+    from transport import security
+
+    assert stream_keys(compose([]), networked=False) is None  # auto, loopback
+    server, client = stream_keys(compose([]), networked=True)  # auto, a cluster: per run
+    assert server.allowed == (client.public,) and client.server_public == server.public
+    assert stream_keys(compose([]), networked=True)[0].public != server.public  # fresh each run
+    assert stream_keys(compose(["transport.curve=off"]), networked=True) is None
+    assert stream_keys(compose(["transport.curve=on"]), networked=False) is not None
+    security.write(tmp_path)
+    given = stream_keys(compose([f"transport.curve_keys={tmp_path}"]), networked=True)
+    assert given == (security.read_server(tmp_path), security.read_client(tmp_path))
+    with pytest.raises(ValueError, match="no socket to secure"):
+        compose(["topology=local", "transport.curve=on"])
+    with pytest.raises(ValueError, match="auto, on or off"):
+        compose(["transport.curve=maybe"])
+    config = actor_config(compose(["actors.env_curve=/keys", "actors.env_address=tcp://h:1"]),
+                          0, "m", "tcp://h:2")
+    assert config["env_curve"] == "/keys"

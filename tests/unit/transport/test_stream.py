@@ -9,11 +9,11 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-import zmq.auth
 
 from tests.unit.transport.trajectories import make_trajectory
 from transport.codec import encode
-from transport.stream import TrajectoryReceiver, TrajectorySender, CurveKeys
+from transport import security
+from transport.stream import TrajectoryReceiver, TrajectorySender
 
 
 @pytest.fixture
@@ -194,17 +194,15 @@ def test_malformed_messages_are_counted_and_the_receiver_keeps_going(receiver):
         rogue.close()
 
 
-def test_curve_keeps_strangers_out(tmp_path):
-    keys = {}
-    for name in ("server", "actor", "stranger"):
-        public, secret = zmq.auth.create_certificates(tmp_path, name)
-        keys[name] = (public, secret)
-    allowed = tmp_path / "allowed"
-    allowed.mkdir()
-    (allowed / "actor.key").write_bytes(open(keys["actor"][0], "rb").read())
-    rx = TrajectoryReceiver("tcp://127.0.0.1:0", curve=CurveKeys(keys["server"][1], authorized_dir=allowed))
-    ok = TrajectorySender(rx.address, 0, curve=CurveKeys(keys["actor"][1], server_public_file=keys["server"][0]))
-    bad = TrajectorySender(rx.address, 1, curve=CurveKeys(keys["stranger"][1], server_public_file=keys["server"][0]))
+def test_curve_keeps_strangers_out_and_counts_them():
+    server_keys, actor_keys = security.generate()
+    stranger = security.generate()[1]
+    rx = TrajectoryReceiver("tcp://127.0.0.1:0", curve=server_keys)
+    ok = TrajectorySender(rx.address, 0, curve=actor_keys)
+    # a key pair the server never allowed, and an actor with no keys at all
+    bad = TrajectorySender(rx.address, 1, curve=security.ClientKeys(
+        stranger.public, stranger.secret, actor_keys.server_public))
+    plain = TrajectorySender(rx.address, 2)
     # The receiver answers in a thread of its own, so the CURVE handshakes may take as long as a
     # loaded machine needs: no fixed settling window.
     got, stop = [], threading.Event()
@@ -221,12 +219,17 @@ def test_curve_keeps_strangers_out(tmp_path):
         while not got and time.monotonic() < deadline:
             time.sleep(0.02)
         assert [t.actor_id for _, t, _ in got] == [0]
-        with pytest.raises(TimeoutError):  # never gets a window: the handshake is refused
-            bad.send(make_trajectory(1, 0), timeout_s=2.0)
-        assert rx.received["actor-1"] == 0
+        for sender, actor in ((bad, 1), (plain, 2)):
+            with pytest.raises(TimeoutError):  # never gets a window: the handshake is refused
+                sender.send(make_trajectory(actor, 0), timeout_s=2.0)
+        deadline = time.monotonic() + 30
+        while (rx.refused["unknown_key"] < 1 or rx.refused["no_curve"] < 1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rx.refused["unknown_key"] >= 1 and rx.refused["no_curve"] >= 1
+        assert rx.received["actor-1"] == rx.received["actor-2"] == 0 and len(got) == 1
     finally:
         stop.set()
         server.join(timeout=5)
-        ok.close()
-        bad.close()
+        for sender in (ok, bad, plain):
+            sender.close(flush_s=0)
         rx.close()

@@ -410,3 +410,28 @@ def test_restarted_worker_gets_the_current_version_again(cluster):
     c.publisher.publish(_weights(4), version=4)  # the same weights, for the newcomer
     for (status, _, version, prints, _), in c.collect().values():
         assert (status, version, prints) == ("ok", 4, _prints(_weights(4)))
+
+
+def _listening_on(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} write them) listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                found.add(local.rsplit(":", 1)[0])
+    return found
+
+
+def test_the_store_listens_on_the_publishers_address_only():
+    publisher = WeightPublisher("127.0.0.1", 0, world_size=2, timeout_s=5)
+    port = publisher.port
+    try:
+        # 127.0.0.1, not 0.0.0.0 or :: (every interface: TCPStore's own choice)
+        assert _listening_on(port) == {"0100007F"}
+    finally:
+        publisher.close()
+    deadline = time.monotonic() + 5
+    while _listening_on(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _listening_on(port)  # the store closed the socket it was handed
