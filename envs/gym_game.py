@@ -23,6 +23,11 @@ What the env must provide (or the config say):
 Success: ``info["success"]`` where the env reports it, else by the config's ``success`` rule:
 ``terminated`` (reaching a terminal state is success: CliffWalking, Taxi) or ``positive_reward``
 (a terminal step with a positive reward: FrozenLake, whose holes also terminate).
+A step's reward is ``reward_scale`` x the env's, plus ``success_reward`` on the step that succeeds
+(defaults 1 and 0: the env's own rewards). The layer adds its format reward (0.5 a well-formed
+turn) to them, so their scale matters: CliffWalking's -1 a move makes a malformed answer (0, no
+move) pay better than a well-formed one, and RL learns to stop moving; 0.1 and 10, VAGEN's grid
+games' scale (-0.1 a move, 10 on success), keep moving worth it.
 Truncation by the env's own step limit ends the episode without success. Seeds: the episode of
 ``reset(seed)`` is the gymnasium env's ``reset(seed=...)`` with a seed drawn from it, so the same
 seed replays the same episode.
@@ -58,7 +63,8 @@ class GymGame:
     image_legend = ""
 
     def __init__(self, env, action_names: Sequence[str], *, task: str = "",
-                 success: str = "terminated") -> None:
+                 success: str = "terminated", success_reward: float = 0.0,
+                 reward_scale: float = 1.0) -> None:
         import gymnasium as gym
 
         if not isinstance(env.action_space, gym.spaces.Discrete):
@@ -70,7 +76,8 @@ class GymGame:
             raise ValueError(f"the env must render text (render_mode='ansi'), got {env.render_mode!r}")
         if success not in SUCCESS_RULES:
             raise ValueError(f"success must be one of {SUCCESS_RULES}, got {success!r}")
-        self.env, self.success = env, success
+        self.env, self.success, self.success_reward = env, success, float(success_reward)
+        self.reward_scale = float(reward_scale)
         self.action_space = tuple(action_names)
         self.task = task
         self.text_legend = "The state is drawn as the environment renders it."
@@ -85,7 +92,8 @@ class GymGame:
             success = bool(info["success"])
         else:
             success = terminated and (self.success == "terminated" or reward > 0)
-        return float(reward), bool(terminated or truncated), success
+        reward = self.reward_scale * float(reward) + self.success_reward * success
+        return reward, bool(terminated or truncated), success
 
     @property
     def has_solver(self) -> bool:
@@ -163,7 +171,8 @@ class GymGame:
 
 def make_env(*, id: str | None = None, entry_point: str | None = None,
              kwargs: dict[str, Any] | None = None, action_names: Sequence[str] | None = None,
-             success: str = "terminated", task: str = "", **layer: Any) -> GridEnv:
+             success: str = "terminated", success_reward: float = 0.0, reward_scale: float = 1.0,
+             task: str = "", **layer: Any) -> GridEnv:
     """The gymnasium env ``id`` (``gymnasium.make``) or ``entry_point`` ("module:Class", built
     with ``kwargs``) in VAGEN's layer; ``layer`` is GridEnv's settings (format, max_turns, ...)."""
     import gymnasium as gym
@@ -189,7 +198,8 @@ def make_env(*, id: str | None = None, entry_point: str | None = None,
         env.close()
         raise ValueError(f"name the actions of {id or entry_point} (env.action_names=[...]): "
                          "its metadata has no action_names")
-    game = GymGame(env, names, task=task, success=success)
+    game = GymGame(env, names, task=task, success=success, success_reward=success_reward,
+                   reward_scale=reward_scale)
     layer.setdefault("reasoning_reward", None)
     problem = None
     if not game.describes and layer["reasoning_reward"] is not None:

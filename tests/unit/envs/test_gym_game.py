@@ -179,3 +179,16 @@ def test_a_slippery_or_tableless_env_has_no_solver():
         env.reset(seed=0)
         assert not env.has_solver and env.solve() is None
         env.close()
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.1])
+def test_the_envs_rewards_are_scaled_and_a_success_reward_goes_to_the_step_that_succeeds(scale):
+    env = make_env(**CLIFF, success_reward=10, reward_scale=scale)
+    env.reset(seed=0)
+    plan = env.solve()
+    turns = [plan[i:i + 3] for i in range(0, len(plan), 3)]
+    rewards = [env_step(env, _answer(*t)).reward for t in turns]
+    # 13 moves in turns of 3, 3, 3, 3, 1: -1 x scale a move, +0.5 format a turn, 10 at the goal
+    assert rewards == pytest.approx([0.5 - 3 * scale] * 4 + [0.5 - scale + 10])
+    env.reset(seed=0)
+    assert env_step(env, _answer("Right")).reward == pytest.approx(0.5 - 100 * scale)  # a fall
