@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import queue
 import time
 
 TASKS = ("PlaceTwoCube", "StackThreeCube", "AlignTwoCube", "PutAppleInDrawer")
@@ -56,10 +57,11 @@ def _measure(task: str | None, episodes: int, out) -> None:
                 successes += result.info["success"]
                 break
     elapsed = time.perf_counter() - start
-    env_reset(env, 0)  # control steps per second: one pick, counted by the controller
-    red = np.array(env.game.sim.positions()["red_cube"])
+    env_reset(env, 0)  # control steps per second: the first object's pick, as the controller counts
+    positions = env.game.sim.positions()
+    first = np.array(next(p for n, p in positions.items() if n.endswith("_cube") or n == "apple"))
     t0 = time.perf_counter()
-    env.game.skills.pick(red)
+    env.game.skills.pick(first)
     pick_s, steps = time.perf_counter() - t0, env.game.skills.steps
     t0 = time.perf_counter()
     for _ in range(5):
@@ -77,7 +79,15 @@ def _run(task: str | None, episodes: int) -> dict:
     proc = ctx.Process(target=_measure, args=(task, episodes, out))
     proc.start()
     try:
-        return out.get(timeout=1800)
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline:
+            try:
+                return out.get(timeout=5)
+            except queue.Empty:
+                if not proc.is_alive():  # it died before reporting: its traceback is above
+                    raise RuntimeError(f"the {task or 'FrozenLake'} measurement exited "
+                                       f"({proc.exitcode}) without a result") from None
+        raise TimeoutError(f"the {task or 'FrozenLake'} measurement took over 30 min")
     finally:
         proc.join(timeout=60)
         if proc.is_alive():
