@@ -25,7 +25,7 @@ def defaults(name: str) -> dict:
 
 
 def test_names_and_reexport():
-    assert NAMES == ("frozenlake", "sokoban", "action_words", "gym", "primitive_skill")
+    assert NAMES == ("frozenlake", "sokoban", "action_words", "gym", "primitive_skill", "svg")
     assert envs.make is make
 
 
