@@ -26,11 +26,16 @@ to start a worker.
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
+import os
 import re
+import select
+import struct
+import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -110,32 +115,48 @@ def render_png(text: str, size: int) -> bytes:
                                        background="#ffffff", skip_system_fonts=True))
 
 
-def _serve(connection, render: Callable[[str, int], bytes], memory_bytes: int) -> None:
-    """The worker: a render per request, until the pipe closes."""
+_HEADER = struct.Struct("<II")
+"""A frame's header: a number (the size asked; the answer's status, 0 drawn, 1 refused by
+resvg), then the payload's length."""
+
+
+def _serve(render_name: str, memory_bytes: int) -> None:
+    """The worker (a ``python -c`` subprocess calling this): a render per request on stdin, its
+    answer on stdout, until stdin closes."""
+    import importlib
     import resource
 
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    module, _, name = render_name.partition(":")
+    render = getattr(importlib.import_module(module), name)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
-        try:
-            text, size = connection.recv()
-        except EOFError:
+        header = stdin.read(_HEADER.size)
+        if len(header) < _HEADER.size:
             return
+        size, n = _HEADER.unpack(header)
+        text = stdin.read(n).decode("utf-8", "replace")
         try:
-            connection.send(("ok", render(text, size)))
+            status, payload = 0, render(text, size)
         except Exception as e:  # noqa: BLE001 - resvg's refusal is an answer, not a crash
-            connection.send(("render_error", f"{type(e).__name__}: {e}"[:200]))
+            status, payload = 1, f"{type(e).__name__}: {e}"[:200].encode()
+        stdout.write(_HEADER.pack(status, len(payload)) + payload)
+        stdout.flush()
 
 
 class Renderer:
-    """Renders checked SVG in a worker process (see the module docstring); close it when done."""
+    """Renders checked SVG in a worker process (see the module docstring); close it when done.
+
+    The worker is a plain subprocess (``_serve``), not a multiprocessing child, so an env worker
+    of the pool, itself a daemonic process, may own one. ``render`` names the function it calls
+    ("module:function"), resvg's by default."""
 
     def __init__(self, *, timeout_s: float = 5.0, memory_bytes: int = 1 << 30,
-                 render: Callable[[str, int], bytes] = render_png) -> None:
+                 render: str = "envs.svg.render:render_png") -> None:
         self.timeout_s, self.memory_bytes, self._render = timeout_s, memory_bytes, render
         self.counts: Counter[str] = Counter()
-        self._process = None
-        self._connection = None
+        self._process: subprocess.Popen | None = None
 
     def render(self, text: str, size: int) -> tuple[np.ndarray | None, str]:
         reason = check(text)
@@ -148,34 +169,58 @@ class Renderer:
         return None, reason
 
     def _in_worker(self, text: str, size: int) -> tuple[bytes | None, str]:
-        if self._process is None or not self._process.is_alive():
+        if self._process is None or self._process.poll() is not None:
             self._start()
+        data = text.encode("utf-8", "replace")
+        deadline = time.monotonic() + self.timeout_s
         try:
-            self._connection.send((text, size))
-            if not self._connection.poll(self.timeout_s):
+            self._process.stdin.write(_HEADER.pack(size, len(data)) + data)
+            self._process.stdin.flush()
+            header = self._read(_HEADER.size, deadline)
+            if header is None:
                 self._stop()
                 return None, "timeout"
-            status, payload = self._connection.recv()
-        except (EOFError, OSError):  # the worker died mid-render (its memory limit, a crash)
+            status, n = _HEADER.unpack(header)
+            payload = self._read(n, deadline)
+            if payload is None:
+                self._stop()
+                return None, "timeout"
+        except (BrokenPipeError, EOFError, OSError):  # the worker died (its memory limit, a crash)
             self._stop()
             return None, "crashed"
-        return (payload, "ok") if status == "ok" else (None, status)
+        return (payload, "ok") if status == 0 else (None, "render_error")
+
+    def _read(self, n: int, deadline: float) -> bytes | None:
+        """``n`` bytes of the worker's answer, or None at the deadline; EOFError if it died."""
+        out = self._process.stdout
+        chunks, left = [], n
+        while left:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([out], [], [], wait)[0]:
+                return None
+            chunk = os.read(out.fileno(), left)
+            if not chunk:
+                raise EOFError("the render worker closed its output")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self._connection, theirs = ctx.Pipe()
-        self._process = ctx.Process(target=_serve, args=(theirs, self._render, self.memory_bytes),
-                                    daemon=True, name="svg-render")
-        self._process.start()
-        theirs.close()
+        code = (f"from envs.svg.render import _serve; _serve({self._render!r}, "
+                f"{int(self.memory_bytes)})")
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        self._process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, env=env, cwd=os.getcwd())
 
     def _stop(self) -> None:
         if self._process is not None:
             self._process.kill()
-            self._process.join(timeout=5)
-        if self._connection is not None:
-            self._connection.close()
-        self._process = self._connection = None
+            self._process.wait(timeout=5)
+            for pipe in (self._process.stdin, self._process.stdout):
+                pipe.close()
+        self._process = None
 
     def close(self) -> None:
         self._stop()

@@ -90,11 +90,11 @@ def dying_render(text: str, size: int) -> bytes:
 
 
 def test_a_render_that_overruns_or_kills_its_worker_is_counted_and_the_next_one_served():
-    with Renderer(timeout_s=1.0, render=slow_render) as slow:
+    with Renderer(timeout_s=1.0, render=f"{__name__}:slow_render") as slow:
         t0 = time.perf_counter()
         assert slow.render(circle(), 16) == (None, "timeout")
         assert time.perf_counter() - t0 < 20 and slow.counts["timeout"] == 1
-    with Renderer(timeout_s=20, render=dying_render) as dying:
+    with Renderer(timeout_s=20, render=f"{__name__}:dying_render") as dying:
         assert dying.render(f'<svg {NS}><desc>die</desc></svg>', 16) == (None, "crashed")
         image, why = dying.render(circle(), 16)  # a fresh worker
         assert why == "ok" and image[8, 8].tolist() == [255, 0, 0]

@@ -115,3 +115,49 @@ def test_random_shapes_stay_in_the_view_box_and_a_seed_draws_the_same():
 def test_settings_the_env_cannot_honour_fail_naming_why(settings, message):
     with pytest.raises(ValueError, match=message):
         _env(**settings)
+
+
+def _render_workers() -> set[int]:
+    """Pids of SVG render workers alive now (envs/svg/render.py's ``_serve`` subprocesses)."""
+    import os
+
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"from envs.svg.render import _serve" in cmdline:
+            found.add(int(pid))
+    return found
+
+
+def test_the_env_plays_in_the_pools_daemonic_workers_and_leaves_no_renderer_behind():
+    import asyncio
+    import time
+
+    from envs.pool import EnvPool
+    from envs.service import LocalEnvClient
+
+    before = _render_workers()
+    circle = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24">'
+              '<circle cx="12" cy="12" r="5"/></svg>')
+    with EnvPool(("svg", resolve_config("svg", {"image_size": 32})), num_workers=1,
+                 envs_per_worker=2, step_timeout_s=30, reset_timeout_s=30) as pool:
+        async def play():
+            client = LocalEnvClient(pool)
+            try:
+                first = await client.reset([0, 1], [1, 2])
+                return first, await client.step([0, 1], [_answer(circle), "junk"])
+            finally:
+                await client.close()
+
+        first, results = asyncio.run(play())
+        assert [len(o.images) for o in first] == [1, 1]
+        drawn, junk = results
+        assert 0.5 < drawn.reward <= 5.5 and not drawn.done and (junk.reward, junk.done) == (0.0, True)
+        assert _render_workers() - before  # the worker's renderer runs
+    deadline = time.monotonic() + 10
+    while _render_workers() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _render_workers() - before
