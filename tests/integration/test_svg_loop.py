@@ -1,0 +1,26 @@
+"""The SVG env (envs/svg/) in the whole loop, in one process (topology=local): the tiny Qwen2-VL
+sees the target icons as images, answers, the learner trains on those image episodes. No learning
+signal is asked of it; that every part takes the env's images and rewards is."""
+
+from launch.loop import train
+from launch.metrics import read_records
+from launch.train import compose
+
+
+def test_the_svg_env_trains_through_the_loop_with_a_vision_language_model(tmp_path):
+    summary = train(compose([
+        "env=svg", "env.image_size=56", "env.targets=shapes", "model.vision=true",
+        "topology=local", "warm_start.enabled=false", "train.steps=2", "train.batch_size=8",
+        "train.eval_every=0", "train.eval_seeds=4", "learner.critic_warmup=1",
+        "actors.group_size=2", "actors.concurrency=8", "actors.envs_per_worker=8",
+        "actors.max_tokens=48", "logger.wandb=false",
+    ]), tmp_path)
+    rows = [r for r in read_records(tmp_path) if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["rollout/tokens"] > 0 and r["rollout/turns"] >= 1 for r in rows)
+    (actor,) = summary["actors"]
+    assert actor["version"] == 2 and actor["weight_updates"] == 2
+    failed = {k: v for k, v in actor.items() if k.startswith("failed/")}
+    assert set(failed) <= {"failed/vision_token_generated"}, failed  # an untrained VLM may write one
+    ((_, acc),) = summary["accounting"].items()
+    assert acc["taken"] == 2 * 8 and acc["received"] == actor["episodes_sent"]
