@@ -122,6 +122,7 @@ class GridEnv(gym.Env):
         reasoning_reward: Mapping[str, Any] | None = DEFAULT_REASONING_REWARD,
         prompt: str = "full",
         render_mode: str | None = None,
+        blank_images: bool = False,
     ) -> None:
         if format not in ALL_FORMATS:
             raise ValueError(f"unknown format {format!r}; expected one of {ALL_FORMATS}")
@@ -139,6 +140,10 @@ class GridEnv(gym.Env):
         self.observed_as = render
         """"text" (the symbol grid) or "image" (the picture): the ``render`` setting."""
         self.image_size = check_int("image_size", image_size, 4 * max(game.shape))
+        if blank_images and render != "image":
+            raise ValueError("blank_images blanks image observations: it needs render=image")
+        self.blank_images = bool(blank_images)
+        """Every picture white, the same size: the ablation that tells whether a model reads them."""
         self.max_turns = check_int("max_turns", max_turns, 1)
         self.max_actions = check_int("max_actions_per_turn", max_actions_per_turn, 1)
         self.format_reward = float(format_reward)
@@ -288,6 +293,8 @@ class GridEnv(gym.Env):
             own = getattr(self.game, "image", None)  # a simulator's camera, else the grid drawn
             images = [own(self.image_size) if own is not None else
                       render_rgb(self.game.shape, self.game.layers(), self.image_size)]
+            if self.blank_images:
+                images = [np.full_like(image, 255) for image in images]
         reminder = "" if self.prompt != "full" else (
             f"Reply exactly as {self._template} with 1 to {self.max_actions} actions from "
             f"{', '.join(self.action_names)}, separated by {self.action_sep!r}."

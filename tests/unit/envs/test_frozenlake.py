@@ -143,3 +143,17 @@ def test_moves_are_gymnasiums_frozen_lake_as_a_naive_walk_predicts():
             assert game.move(action) == pytest.approx(expected) and game.player == player
             if expected[1]:
                 break
+
+
+def test_blank_images_keep_the_size_and_the_episode_and_lose_only_the_picture():
+    from envs.registry import make as make_env_by_name
+    from envs.registry import resolve_config
+
+    seen, blank = (make_env_by_name("frozenlake", **resolve_config(
+        "frozenlake", {"render": "image", "image_size": 48, "blank_images": b})) for b in (False, True))
+    a, b = seen.reset(seed=9)[0], blank.reset(seed=9)[0]
+    assert a["text"] == b["text"] and b["images"][0].shape == a["images"][0].shape == (48, 48, 3)
+    assert (b["images"][0] == 255).all() and not (a["images"][0] == 255).all()
+    assert seen.state_text() == blank.state_text()  # the same map underneath
+    with pytest.raises(ValueError, match="needs render=image"):
+        make_env_by_name("frozenlake", **resolve_config("frozenlake", {"blank_images": True}))
