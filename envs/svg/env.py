@@ -31,7 +31,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from envs.formats import format_prompt, format_reward, parse
+from envs.formats import format_reward, parse
 from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, observation_space
 from envs.svg.render import MAX_BYTES, Renderer
 from envs.svg.score import similarity
@@ -182,9 +182,15 @@ class SvgEnv(gym.Env):
     def system_prompt(self) -> str:
         if self.prompt == "none":
             return ""
-        how = format_prompt(self.format, action_example=EXAMPLE, action_sep="\x00", max_actions=1)
-        how = how.split("In <answer>,")[0].rstrip()  # one SVG, not a list of actions
-        return f"{TASK}\n{how}\nIn <answer>, give one SVG document."
+        if self.format == "free_think":
+            how = ("First think step by step inside <think></think>, then give one SVG document "
+                   "inside <answer></answer>.")
+            example = f"<think>A black ring in the middle.</think><answer>{EXAMPLE}</answer>"
+        else:
+            how = "Give one SVG document inside <answer></answer>, with no other text."
+            example = f"<answer>{EXAMPLE}</answer>"
+        return (f"{TASK}\nAnswer format: {how} Nothing before, between or after the tags.\n"
+                f"Example:\n{example}")
 
     def state_text(self) -> str:
         return ""

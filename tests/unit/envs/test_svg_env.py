@@ -45,6 +45,20 @@ def test_a_seed_picks_the_target_and_the_observation_shows_it(env):
     assert len({(env_reset(env, s), env.target_svg)[1] for s in range(20)}) > 15
 
 
+def test_the_prompt_asks_for_one_svg_document_and_shows_one():
+    env = _env()
+    prompt = env.system_prompt()
+    assert prompt.startswith("Reproduce the target picture as SVG code")
+    assert "give one SVG document inside <answer></answer>" in prompt and "action" not in prompt
+    assert "Example:\n<think>" in prompt and '<answer><svg xmlns="http://www.w3.org/2000/svg"' in prompt
+    example = prompt.split("Example:\n")[1]
+    env.reset(seed=0)
+    assert env_step(env, example).info["format_correct"]  # the example is a well-formed answer
+    env.close()
+    assert "Example:\n<answer><svg" in _env(format="no_think").system_prompt()
+    assert _env(prompt="none").system_prompt() == ""
+
+
 def test_the_targets_own_svg_scores_one_and_succeeds(env):
     env_reset(env, 3)
     result = env_step(env, _answer(env.target_svg))
