@@ -34,7 +34,7 @@ import numpy as np
 from envs.formats import format_reward, parse
 from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, observation_space
 from envs.svg.render import MAX_BYTES, Renderer
-from envs.svg.score import similarity
+from envs.svg.score import check_weights, similarity
 
 TARGETS = ("icons", "shapes", "mixed")
 PROMPTS = ("none", "brief", "full")
@@ -113,8 +113,7 @@ class SvgEnv(gym.Env):
         self.targets, self.image_size, self.max_turns = targets, int(image_size), int(max_turns)
         self.format, self.prompt = format, prompt
         self.format_reward, self.similarity_reward = float(format_reward), float(similarity_reward)
-        self.weights = dict(weights or {"edges": 1.0, "ssim": 1.0})
-        similarity(np.zeros((2, 2, 3), np.uint8), np.zeros((2, 2, 3), np.uint8), self.weights)
+        self.weights = check_weights(weights)
         self.success_threshold = float(success_threshold)
         self.renderer = Renderer(timeout_s=render_timeout_s)
         self.action_space = TEXT

@@ -46,13 +46,19 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
     return float(index.mean())
 
 
+def check_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
+    """``weights`` as a dict (None: every term at 1); ValueError unless they are non-negative,
+    not all 0, and over ``TERMS``."""
+    weights = dict(weights or dict.fromkeys(TERMS, 1.0))
+    if set(weights) - set(TERMS) or sum(weights.values()) <= 0 or min(weights.values()) < 0:
+        raise ValueError(f"weights are non-negative, not all 0, over {TERMS}; got {weights}")
+    return weights
+
+
 def similarity(a: np.ndarray, b: np.ndarray,
                weights: Mapping[str, float] | None = None) -> tuple[float, dict[str, float]]:
     """(the weighted mean of ``weights``' terms, every term); default weights: equal."""
-    weights = dict(weights or dict.fromkeys(TERMS, 1.0))
-    unknown = set(weights) - set(TERMS)
-    if unknown or sum(weights.values()) <= 0 or min(weights.values()) < 0:
-        raise ValueError(f"weights are non-negative, not all 0, over {TERMS}; got {weights}")
+    weights = check_weights(weights)
     if a.shape != b.shape:
         raise ValueError(f"the renders differ in shape: {a.shape} and {b.shape}")
     terms = {"edges": edge_iou(a, b), "ssim": max(0.0, ssim(a, b))}
