@@ -34,11 +34,13 @@ _FACTORIES = {
     "gym": "envs.gym_game:make_env",  # any gymnasium env: configs/env/gym.yaml
     "primitive_skill": "envs.primitive_skill.game:make_env",  # ManiSkill 3
     "svg": "envs.svg.env:make_env",  # SVG reconstruction
+    "navigation": "envs.navigation.game:make_env",  # first person, MiniWorld
 }
 NAMES: tuple[str, ...] = tuple(_FACTORIES)
 IDS: dict[str, str] = {"frozenlake": "vagen/FrozenLake-v0", "sokoban": "vagen/Sokoban-v0",
                        "action_words": "vagen/ActionWords-v0", "gym": "vagen/GymText-v0",
-                       "primitive_skill": "vagen/PrimitiveSkill-v0", "svg": "vagen/SVG-v0"}
+                       "primitive_skill": "vagen/PrimitiveSkill-v0", "svg": "vagen/SVG-v0",
+                       "navigation": "vagen/Navigation-v0"}
 """Each env's gymnasium id."""
 for _name, _id in IDS.items():
     if _id not in gym.registry:

@@ -12,7 +12,8 @@ from envs.registry import IDS, NAMES, resolve_config
 from tests.maniskill import requires_maniskill
 
 SETTINGS = {"frozenlake": {}, "sokoban": {"size": 6, "num_boxes": 1}, "action_words": {},
-            "gym": {}, "primitive_skill": {"image_size": 32}, "svg": {"image_size": 32}}
+            "gym": {}, "primitive_skill": {"image_size": 32}, "svg": {"image_size": 32},
+            "navigation": {"image_size": 32}}
 SIMULATED = {"primitive_skill"}
 
 

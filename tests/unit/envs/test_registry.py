@@ -25,7 +25,8 @@ def defaults(name: str) -> dict:
 
 
 def test_names_and_reexport():
-    assert NAMES == ("frozenlake", "sokoban", "action_words", "gym", "primitive_skill", "svg")
+    assert NAMES == ("frozenlake", "sokoban", "action_words", "gym", "primitive_skill", "svg",
+                     "navigation")
     assert envs.make is make
 
 

@@ -1,0 +1,98 @@
+"""Benchmark: what one Navigation env (one env worker's MiniWorld room) costs: resets, turns and
+actions per second with the expert playing, the picture's render time, and the process's memory.
+
+Run with `python -m tests.benchmarks.bench_navigation` (`--episodes`, `--json PATH`). Each row runs
+in a fresh child process (so memory is one env's): it builds the env, plays the expert for
+``--episodes`` seeds through the env's own turns (5 actions a turn, as VAGEN's), then times the
+camera alone. The baseline, measured in the same run, is a FrozenLake text turn in the same kind
+of process: the ratio says how many FrozenLake turns one Navigation turn costs. Prints a
+Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+
+ROWS = {"frozenlake text (baseline)": ("frozenlake", {"format": "free_think"}),
+        "navigation text": ("navigation", {"render": "text"}),
+        "navigation image 224 px": ("navigation", {"render": "image", "image_size": 224}),
+        "navigation image 112 px": ("navigation", {"render": "image", "image_size": 112})}
+
+
+def _measure(name: str, overrides: dict, episodes: int, out) -> None:
+    import psutil
+
+    from envs.registry import make, resolve_config
+    from tests.envs_api import env_reset, env_step
+
+    env = make(name, **resolve_config(name, overrides))
+    built = psutil.Process().memory_info().rss / 2**20
+    turns = actions = successes = 0
+    reset_s = turn_s = 0.0
+    for seed in range(episodes):
+        t = time.perf_counter()
+        env_reset(env, seed)
+        reset_s += time.perf_counter() - t
+        while True:
+            plan = env.solve() or ["moveahead"]
+            answer = f"<think>go</think><answer>{','.join(plan[:env.max_actions])}</answer>"
+            t = time.perf_counter()
+            result = env_step(env, answer)
+            turn_s += time.perf_counter() - t
+            turns, actions = turns + 1, actions + len(result.info["actions"])
+            if result.done:
+                successes += bool(result.info["success"])
+                break
+    render_ms = float("nan")
+    if name == "navigation":
+        t = time.perf_counter()
+        for _ in range(50):
+            env.game.image(0)
+        render_ms = (time.perf_counter() - t) / 50 * 1000
+    env.close()
+    out.put({"episodes": episodes, "success": successes / episodes, "reset_ms": reset_s / episodes * 1000,
+             "turn_ms": turn_s / turns * 1000, "actions_per_s": actions / turn_s,
+             "render_ms": render_ms, "rss_mib": built,
+             "peak_rss_mib": psutil.Process().memory_info().rss / 2**20})
+
+
+def run(label: str, episodes: int) -> dict:
+    name, overrides = ROWS[label]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_measure, args=(name, overrides, episodes, out))
+    proc.start()
+    try:
+        return {"row": label, **out.get(timeout=900)}
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=40)
+    parser.add_argument("--json", help="also save the rows here")
+    args = parser.parse_args()
+    rows = [run(label, args.episodes * (10 if "baseline" in label else 1)) for label in ROWS]
+    base = rows[0]["turn_ms"]
+    print(f"One env in its own process, the expert playing {args.episodes} episodes a row "
+          f"(FrozenLake: {args.episodes * 10}).\n")
+    print("| env | expert success | reset ms | turn ms | turn vs FrozenLake | actions/s | "
+          "render ms | RSS MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['row']} | {r['success']:.2f} | {r['reset_ms']:.1f} | {r['turn_ms']:.2f} | "
+              f"{r['turn_ms'] / base:.1f}x | {r['actions_per_s']:,.0f} | {r['render_ms']:.1f} | "
+              f"{r['peak_rss_mib']:.0f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
