@@ -269,14 +269,16 @@ class Navigation:
         return "\n".join([f"target {line(self.things[0])}", *map(line, others)])
 
     # -- moving and planning --------------------------------------------------------------------
-    def _fits(self, pose: Pose) -> bool:
-        if (pose.i, pose.j) not in self._free:
-            self._free[pose.i, pose.j] = self.world.free(pose.x, pose.z)
-        return self._free[pose.i, pose.j]
+    def _fits(self, i: int, j: int) -> bool:
+        """The agent fits at lattice point (i, j) (asked of the world once per point)."""
+        if (i, j) not in self._free:
+            origin = self.pose.origin
+            self._free[i, j] = self.world.free(origin[0] + STEP_M * i, origin[1] + STEP_M * j)
+        return self._free[i, j]
 
     def _next(self, pose: Pose, action: str) -> Pose:
         after = step(pose, action)
-        return after if (after.i, after.j) == (pose.i, pose.j) or self._fits(after) else pose
+        return after if (after.i, after.j) == (pose.i, pose.j) or self._fits(after.i, after.j) else pose
 
     def _goal(self, pose: Pose) -> bool:
         return self.distance(pose) <= self.success_m and sector(pose, self.things[0].pos) == "ahead"
@@ -284,21 +286,24 @@ class Navigation:
     def solve_from(self, pose: Pose) -> list[str] | None:
         """The expert's plan from ``pose`` (see the module docstring); None if there is none."""
         fix = ["lookup" if pose.pitch < 0 else "lookdown"] * (abs(pose.pitch) // PITCH_STEP_DEG)
-        start = replace(pose, pitch=0)
-        parents: dict[Pose, tuple[Pose, str] | None] = {start: None}
+        start = (pose.i, pose.j, pose.heading)
+        parents: dict[tuple[int, int, int], tuple[tuple[int, int, int], str] | None] = {start: None}
         queue = deque([start])
         while queue:
-            p = queue.popleft()
-            if self._goal(p):
+            node = queue.popleft()
+            if self._goal(Pose(*node, origin=pose.origin)):
                 plan = []
-                while parents[p] is not None:
-                    p, action = parents[p]
+                while parents[node] is not None:
+                    node, action = parents[node]
                     plan.append(action)
                 return fix + plan[::-1]
+            i, j, h = node
+            (fx, fz), (rx, rz) = _FACING[h], _RIGHT[h]
             for action in _SOLVER_ORDER:
-                q = self._next(p, action)
-                if q not in parents and self.distance(q) < 20.0:
-                    parents[q] = (p, action)
+                ahead, right, turn, _ = _EFFECT[action]
+                q = (i + ahead * fx + right * rx, j + ahead * fz + right * rz, (h + turn) % 4)
+                if q not in parents and (turn or self._fits(q[0], q[1])):
+                    parents[q] = (node, action)
                     queue.append(q)
         return None
 
@@ -310,14 +315,16 @@ class Navigation:
         ``noise``, the state text after them, how many were random), replanned after every
         action; stops where the episode would end."""
         pose, steps, actions, misses = self.pose, self.steps, [], 0
+        plan = self.solve_from(pose)
         for _ in range(k):
-            plan = self.solve_from(pose)
             if plan and rng.random() >= noise:
-                action = plan[0]
+                action, plan = plan[0], plan[1:]  # the rest of a shortest plan is one from here
             else:
                 action, misses = ACTIONS[int(rng.integers(len(ACTIONS)))], misses + 1
+                plan = None
             actions.append(action)
             pose, steps = self._next(pose, action), steps + 1
+            plan = plan if plan is not None else self.solve_from(pose)
             if self.distance(pose) <= self.success_m or steps >= self.max_steps:
                 break
         return actions, self.state_text_at(pose), misses
