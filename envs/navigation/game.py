@@ -235,7 +235,6 @@ class Navigation:
 
     def close(self) -> None:
         self.world.close()
-        self.world.shadow_window.close()
 
     # -- the state in words ---------------------------------------------------------------------
     def distance(self, pose: Pose | None = None) -> float:

@@ -165,4 +165,22 @@ class NavWorld(MiniWorldEnv):
 
     def picture(self) -> np.ndarray:
         """The agent's first-person RGB picture, ``image_size`` a side."""
+        if NavWorld._static_owner is not self:  # another world's room is in the display list
+            self._render_static()
         return np.ascontiguousarray(self.render_obs())
+
+    # MiniWorld compiles the room into OpenGL display list 1, whatever the world: two worlds in
+    # one process (an env worker holds several) would draw each other's rooms. So the list is
+    # compiled again, in this world's context, whenever another world compiled it last.
+    _static_owner: NavWorld | None = None
+
+    def _render_static(self) -> None:
+        self.shadow_window.switch_to()
+        super()._render_static()
+        NavWorld._static_owner = self
+
+    def close(self) -> None:
+        if NavWorld._static_owner is self:
+            NavWorld._static_owner = None
+        super().close()
+        self.shadow_window.close()

@@ -38,6 +38,20 @@ def test_it_renders_headless_with_no_display():
     assert out.returncode == 0 and out.stdout.strip() == "rendered", out.stderr[-2000:]
 
 
+def test_envs_in_one_process_draw_their_own_rooms():
+    # An env worker holds several envs; MiniWorld compiles every room into the same display list.
+    config = resolve_config("navigation", {"image_size": 32})
+    envs = [make("navigation", **config) for _ in range(3)]
+    try:
+        first = env_reset(envs[0], 1).images[0]
+        env_reset(envs[1], 2), env_reset(envs[2], 3)
+        again = env_step(envs[0], "no answer").observation.images[0]  # nothing moved
+        assert np.array_equal(again, first)
+    finally:
+        for env in envs:
+            env.close()
+
+
 def test_the_expert_reaches_the_target_within_the_turns_on_every_seed(env):
     for seed in range(40):
         obs = env_reset(env, seed)
