@@ -277,14 +277,14 @@ class InferenceActor(WeightUpdates):
                     return
 
     async def _play(self, seed: int, group_id: int, temperature: float, top_p: float,
-                    logprobs: bool = True) -> EpisodeResult:
+                    logprobs: bool = True, record: list[dict] | None = None) -> EpisodeResult:
         slot = await self._slots.get()
         try:
             return await run_episode(
                 self._generator(temperature, top_p, logprobs), self.env, slot, seed, self.tokenizer,
                 max_turns=self.cfg.max_turns, max_context=self.cfg.max_context, run_id=self.cfg.run_id,
                 actor_id=self.cfg.actor_id, episode_id=next(self._episode_ids), group_id=group_id,
-                env_name=self.cfg.env_name, vision=self.vision)
+                env_name=self.cfg.env_name, vision=self.vision, record=record)
         except EnvServiceError as e:  # the remote service answered with an error: only this episode
             log.warning("env service error on slot %d: %s", slot, e)
             return EpisodeResult(None, failure="env_service_error")
@@ -322,16 +322,27 @@ class InferenceActor(WeightUpdates):
             self._idle_since = now
 
     # --- evaluation and statistics ------------------------------------------------------------
-    async def evaluate(self, seeds: list[int], temperature: float = 0.0) -> dict[str, float]:
+    async def evaluate(self, seeds: list[int], temperature: float = 0.0,
+                       record: int = 0) -> dict[str, Any]:
         """Episodes on held-out ``seeds`` (greedy by default), not sent to the learner. Means
-        over the ``n`` episodes that finished (env failures are left out)."""
+        over the ``n`` episodes that finished (env failures are left out). With ``record``, the
+        episodes of the first ``record`` seeds come back as plain data under ``episodes``, in
+        seed order, failed ones too: ``{"seed", "failure" (a reason or None), "metrics",
+        "turns"}``, each turn actors/episode.py's ``turn_record``."""
         self._require_started()
-        results = await asyncio.gather(*(self._play(seed, -1, temperature, 1.0, False) for seed in seeds))
+        turns = [[] if i < record else None for i in range(len(seeds))]
+        results = await asyncio.gather(*(self._play(seed, -1, temperature, 1.0, False, rec)
+                                         for seed, rec in zip(seeds, turns)))
         done = [r.metrics for r in results if r.trajectory is not None]
         keys = ["success", "reward", "format_correct", "turns"]
         keys += sorted({k for m in done for k in m if k.endswith("_score")})  # the judge's, if any
-        out = {key: float(np.mean([m.get(key, 0.0) for m in done])) if done else 0.0 for key in keys}
-        return {**out, "n": len(done)}
+        out: dict[str, Any] = {key: float(np.mean([m.get(key, 0.0) for m in done])) if done else 0.0
+                               for key in keys}
+        out["n"] = len(done)
+        if record:
+            out["episodes"] = [{"seed": seed, "failure": r.failure, "metrics": r.metrics, "turns": t}
+                               for seed, r, t in zip(seeds[:record], results, turns)]
+        return out
 
     async def stats(self) -> dict[str, Any]:
         """Counters since start: episodes, failures by reason, tokens, version, times (seconds)."""

@@ -23,17 +23,23 @@ Invariants:
 - Images (a VLM, actors/vision.py): each observation's images become the model's pad runs, in
   order, and the trajectory carries them. An answer holding a vision token (the model wrote an
   image placeholder) fails the episode ("vision_token_generated"): it cannot be trained on.
+- With a ``record`` list (evaluation's sample episodes, shown by launch/episode_pages.py), each
+  turn the env answered is appended as plain data (``turn_record``); without one nothing extra is
+  built.
 """
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from actors.vision import VisionTokens
+from envs.protocol import Observation, StepResult
 from envs.service import EnvClient
 from envs.wire import EpisodeFailure
 from transport.images import encode_image, expand_pads
@@ -181,6 +187,25 @@ def judge_scores(turn_metrics: dict[str, float]) -> dict[str, float]:
             if k.startswith("reasoning/") and k.endswith("_score")}
 
 
+def turn_record(obs: Observation, answer: str, result: StepResult) -> dict[str, Any]:
+    """One played turn as plain data (str, float, bool, lists and dicts of them): what the model
+    was shown (``observation`` text, ``images`` as base64 PNG), its ``answer`` text, the turn's
+    ``reward`` and its terms (``metrics``: the env's ``info["metrics"]``), the judge's ``scores``
+    (``judge_scores``), ``format_correct``, ``actions_valid``, the executed ``actions``,
+    ``success`` and ``done``."""
+    info = result.info
+    metrics = {k: float(v) for k, v in info.get("metrics", {}).items()}
+    return {
+        "observation": obs.text,
+        "images": [base64.b64encode(encode_image(im).png).decode("ascii") for im in obs.images],
+        "answer": answer, "reward": float(result.reward), "metrics": metrics,
+        "scores": judge_scores(metrics), "format_correct": bool(info.get("format_correct", False)),
+        "actions_valid": bool(info.get("actions_valid", False)),
+        "actions": [str(a) for a in info.get("actions", [])],
+        "success": bool(info.get("success", False)), "done": bool(result.done),
+    }
+
+
 @dataclass
 class EpisodeResult:
     trajectory: Trajectory | None
@@ -192,11 +217,14 @@ class EpisodeResult:
 async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, tokenizer, *,
                       max_turns: int, max_context: int, run_id: str = "", actor_id: int = 0,
                       episode_id: int = 0, group_id: int = 0, env_name: str = "",
-                      vision: VisionTokens | None = None) -> EpisodeResult:
+                      vision: VisionTokens | None = None,
+                      record: list[dict[str, Any]] | None = None) -> EpisodeResult:
     """Play one episode on ``slot`` from ``seed``; see the module docstring for what is recorded.
 
     The episode ends when the env says done, after ``max_turns`` answers, or when the context
-    would no longer fit ``max_context`` tokens (the trajectory keeps the turns played).
+    would no longer fit ``max_context`` tokens (the trajectory keeps the turns played). Given
+    ``record``, each turn the env answered is appended to it (``turn_record``), also when the
+    episode fails later.
     """
     t0 = time.perf_counter()
     system = await env.system_prompt(slot)
@@ -228,6 +256,8 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
         env_s += time.perf_counter() - t
         if isinstance(result, EpisodeFailure):
             return EpisodeResult(None, failure=result.reason)
+        if record is not None:
+            record.append(turn_record(obs, text, result))
         rewards.append(float(result.reward))
         success = float(result.info.get("success", False))
         format_ok += float(result.info.get("format_correct", False))

@@ -32,7 +32,7 @@ from launch.builders import actor_config, stream_keys, warm_start_config, worker
 from launch.config import RunConfig
 from launch.placement import Node, Roles, place
 from actors.engine import cpu_thread_binding
-from launch.topology import PushError, push_timings, weighted_means
+from launch.topology import PushError, combine_evaluations, eval_shares, push_timings
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
@@ -304,12 +304,14 @@ class RayCluster:
             runtime_env={"env_vars": env_vars} if env_vars else None,
         ).remote({**self._actor_configs[index], "incarnation": self.incarnations[index]})
 
-    def evaluate(self, seeds: list[int]) -> dict[str, float]:
-        """Greedy episodes on ``seeds``, split across the actors; means weighted by episodes."""
+    def evaluate(self, seeds: list[int], pages: int = 0) -> dict[str, Any]:
+        """Greedy episodes on ``seeds``, split across the actors; means weighted by episodes, and
+        the episodes of the first ``pages`` seeds turn by turn under ``episodes``."""
         import ray
 
-        n = len(self.actors)
-        return weighted_means(ray.get([a.evaluate.remote(seeds[i::n]) for i, a in enumerate(self.actors)]))
+        shares = eval_shares(seeds, len(self.actors), pages)
+        return combine_evaluations(ray.get([a.evaluate.remote(share, record=k)
+                                            for a, (share, k) in zip(self.actors, shares)]))
 
     # --- weights -------------------------------------------------------------------------------
     def push_weights(self, version: int) -> dict[str, float]:

@@ -8,13 +8,12 @@ the defaults here are what a key means when a YAML leaves it out.
 
 ``python -m launch.train`` turns the composed config into a ``RunConfig`` (``to_run_config``),
 which validates the cross-group rules in ``__post_init__``; code below the entry point receives
-these dataclasses, never a DictConfig. The ``env`` group is the env's keyword arguments (each
-env has its own), checked against the env's factory when the run config is built.
-docs/config-reference.md is generated from this module (``python -m launch.config_reference``).
+these dataclasses, never a DictConfig. The ``env`` group (the env's keyword arguments) is checked
+against the env's factory. ``python -m launch.config_reference`` writes docs/config-reference.md.
 """
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from dataclasses import dataclass, field, is_dataclass
+from typing import Any, Dict, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 
@@ -254,6 +253,8 @@ class TrainConfig:
     """Held-out seeds [eval_seed_offset, eval_seed_offset + eval_seeds)."""
     eval_seed_offset: int = 1000000
     """The first held-out seed."""
+    eval_pages: int = 4
+    """Episodes of each evaluation (its first seeds) shown turn by turn in <run dir>/episodes/; 0: none."""
     checkpoint_every: int = 10
     """A checkpoint every k steps, and at the end (0: only at the end)."""
     keep_checkpoints: int = 2
@@ -265,8 +266,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _one_of("train.mode", self.mode, ("async", "sync"))
-        if min(self.batch_size, self.publish_every, self.keep_checkpoints) < 1 or self.steps < 0:
-            raise ValueError("train: batch_size, publish_every, keep_checkpoints must be >= 1, steps >= 0")
+        if (min(self.batch_size, self.publish_every, self.keep_checkpoints) < 1
+                or min(self.steps, self.eval_pages) < 0):
+            raise ValueError("train: batch_size, publish_every, keep_checkpoints must be >= 1; "
+                             "steps, eval_pages >= 0")
 
 
 @dataclass
@@ -386,13 +389,10 @@ def to_run_config(cfg) -> RunConfig:
 
 
 def _unknown_keys(node, cls, prefix: str = "") -> list[str]:
-    import dataclasses
-    import typing
-
-    hints = typing.get_type_hints(cls)
+    hints = get_type_hints(cls)
     out = [prefix + str(k) for k in node if k not in hints]
     for name, kind in hints.items():
-        if dataclasses.is_dataclass(kind) and name in node:
+        if is_dataclass(kind) and name in node:
             out += _unknown_keys(node[name], kind, f"{prefix}{name}.")
     return out
 

@@ -29,7 +29,7 @@ from typing import Any, Coroutine
 
 from launch.builders import actor_config, warm_start_config, worker_config
 from launch.config import RunConfig
-from launch.topology import PushError, push_timings, weighted_means
+from launch.topology import PushError, combine_evaluations, eval_shares, push_timings
 
 
 class _ActorLoop:
@@ -201,9 +201,10 @@ class LocalCluster:
         raise RuntimeError(f"actor {index} failed ({type(error).__name__}: {error}); topology=local "
                            "restarts no actor: its engine shares the learner's process") from error
 
-    def evaluate(self, seeds: list[int]) -> dict[str, float]:
-        n = len(self.actors)
-        return weighted_means([self._loop.call(a.evaluate(seeds[i::n])) for i, a in enumerate(self.actors)])
+    def evaluate(self, seeds: list[int], pages: int = 0) -> dict[str, Any]:
+        shares = eval_shares(seeds, len(self.actors), pages)
+        return combine_evaluations([self._loop.call(a.evaluate(share, record=k))
+                                    for a, (share, k) in zip(self.actors, shares)])
 
     # --- weights -------------------------------------------------------------------------------
     def push_weights(self, version: int) -> dict[str, float]:

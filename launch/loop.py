@@ -10,9 +10,10 @@ them ``actors.run_ahead`` batches ahead of the learner; each learner step takes 
 within the staleness bound, and every ``publish_every`` steps the weights go to every actor in
 flight. ``sync``: the same components with no overlap: generate a batch, train, push, repeat
 (the baseline the async mode is measured against). Greedy evaluation on held-out seeds runs
-before RL, every ``eval_every`` steps and at the end. launch/supervisor.py keeps the actors going:
-it sets their budgets, and replaces one that crashed (between the learner's waits for a batch,
-or when a weight push fails) without stopping the run.
+before RL, every ``eval_every`` steps and at the end; each writes a page of its first
+``eval_pages`` episodes, turn by turn (launch/episode_pages.py). launch/supervisor.py keeps the
+actors going: it sets their budgets, and replaces one that crashed (between the learner's waits
+for a batch, or when a weight push fails) without stopping the run.
 
 Invariants: everything started here is stopped here, on success, on error and on SIGTERM or
 Ctrl-C (which checkpoint first, at the next step boundary; a second Ctrl-C leaves at once);
@@ -38,6 +39,7 @@ from typing import Any
 from launch import checkpoints
 from launch.builders import hub_access, prepare_model
 from launch.config import RunConfig
+from launch.episode_pages import write_eval_page
 from launch.metrics import RunLogger
 from launch.supervisor import Supervisor
 from launch.topology import Cluster, make_cluster
@@ -150,7 +152,7 @@ def _run(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger, mon
         resumed = {"step": step, "version": int(loaded["version"]),
                    "optimizer_fingerprint": loaded["optimizer_fingerprint_loaded"]}
     if not evals:
-        evals.append(logger.log("eval", step, cluster.evaluate(seeds)))
+        evals.append(_evaluate(cfg, run_dir, cluster, logger, seeds, step))
         print(f"eval before RL: {_eval_text(evals[-1])} on {len(seeds)} seeds", flush=True)
     supervisor = Supervisor(cfg, cluster)
     if t.mode == "async":
@@ -175,13 +177,13 @@ def _run(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger, mon
         if step % cfg.logger.print_every == 0:
             logger.progress(record)
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            evals.append(logger.log("eval", step, cluster.evaluate(seeds)))
+            evals.append(_evaluate(cfg, run_dir, cluster, logger, seeds, step))
             print(f"eval at step {step}: {_eval_text(evals[-1])}", flush=True)
         if t.checkpoint_every and step % t.checkpoint_every == 0:
             _checkpoint(cfg, cluster, run_dir, step)
     cluster.stop_runs()
     if evals[-1]["step"] != step and not stop.requested:  # a stop request leaves quickly
-        evals.append(logger.log("eval", step, cluster.evaluate(seeds)))
+        evals.append(_evaluate(cfg, run_dir, cluster, logger, seeds, step))
     print(f"eval after RL: {_eval_text(evals[-1])}", flush=True)
     _checkpoint(cfg, cluster, run_dir, step)
     cluster.save_final(run_dir, t.save_samples)
@@ -190,6 +192,18 @@ def _run(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger, mon
             "eval_last3_mean": sum(last) / len(last), "interrupted": stop.requested,
             "actor_restarts": list(cluster.incarnations), "actors": cluster.actor_stats(),
             "accounting": cluster.accounting(), "resumed_from": resumed}
+
+
+def _evaluate(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger, seeds: list[int],
+              step: int) -> dict[str, Any]:
+    """One evaluation: its means logged (the returned record), its recorded episodes written as
+    ``<run dir>/episodes/eval_step_<step>.html``."""
+    means = cluster.evaluate(seeds, cfg.train.eval_pages)
+    episodes = means.pop("episodes", [])
+    record = logger.log("eval", step, means)
+    if cfg.train.eval_pages:
+        write_eval_page(run_dir, step, means, episodes, cfg.env_name)
+    return record
 
 
 def _train_step(cfg: RunConfig, cluster: Cluster, supervisor: Supervisor,

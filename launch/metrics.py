@@ -1,4 +1,5 @@
-"""What a run writes and shows: metrics.jsonl, a progress line, wandb, the learning-curve PNG.
+"""What a run writes and shows: metrics.jsonl, a progress line, wandb, the learning-curve PNG
+(success, and the reasoning judge's eval scores where the env has one).
 
 Called by the training loop (launch/loop.py) once per learner step and per evaluation.
 Invariants: every record is one JSON line in ``<run dir>/metrics.jsonl`` (``kind`` is ``train``
@@ -28,6 +29,7 @@ class RunLogger:
     def __init__(self, run_dir: Path, config: dict[str, Any], *, wandb_mode: str = "offline",
                  use_wandb: bool = True, project: str = "vagen-async", name: str = "") -> None:
         self.run_dir = Path(run_dir)
+        self.env_name = str(config.get("env_name") or "")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         exists = (self.run_dir / "metrics.jsonl").exists()
         self.records: list[dict[str, Any]] = read_records(self.run_dir) if exists else []  # a resumed run's
@@ -41,8 +43,10 @@ class RunLogger:
                                      mode=wandb_mode, config=config, reinit="finish_previous")
 
     def log(self, kind: str, step: int, metrics: dict[str, float]) -> dict[str, Any]:
+        """Record ``metrics`` (flat numbers; lists and dicts, such as an evaluation's recorded
+        episodes, are not metrics and are left out) and return the record."""
         record = {"kind": kind, "step": step, "time_s": round(time.time() - self._t0, 2),
-                  **{k: _plain(v) for k, v in metrics.items()}}
+                  **{k: _plain(v) for k, v in metrics.items() if not isinstance(v, (list, dict))}}
         self.records.append(record)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
@@ -59,7 +63,8 @@ class RunLogger:
         return line
 
     def plot(self) -> Path | None:
-        """learning_curve.png: training success/reward per step and greedy eval success."""
+        """learning_curve.png, titled with the env: training success per step and greedy eval
+        success; below, where the env has a reasoning judge, its eval scores (``eval_scores``)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -69,18 +74,28 @@ class RunLogger:
         evals = [r for r in self.records if r["kind"] == "eval" and "success" in r]
         if not train and not evals:
             return None
-        fig, ax = plt.subplots(figsize=(7, 4))
+        scores = eval_scores(self.records)
+        fig, axes = plt.subplots(2 if scores else 1, 1, figsize=(7, 6.5 if scores else 4),
+                                 sharex=True, squeeze=False)
+        ax = axes[0, 0]
         if train:
             ax.plot([r["step"] for r in train], [r["rollout/success"] for r in train],
                     label="rollout success (sampled)", alpha=0.6)
         if evals:
             ax.plot([r["step"] for r in evals], [r["success"] for r in evals], "o-",
                     label="eval success (greedy, held-out seeds)")
-        ax.set_xlabel("learner step")
         ax.set_ylabel("success rate")
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
+        if self.env_name:
+            ax.set_title(self.env_name)
+        for name, (steps, values) in scores.items():
+            axes[1, 0].plot(steps, values, "s-", label=f"eval {name}")
+        if scores:
+            axes[1, 0].set_ylabel("judge's score (eval mean)")
+        for ax in axes[:, 0]:
+            ax.set_ylim(-0.02, 1.02)
+            ax.grid(alpha=0.3)
+            ax.legend(loc="lower right")
+        axes[-1, 0].set_xlabel("learner step")
         path = self.run_dir / "learning_curve.png"
         fig.tight_layout()
         fig.savefig(path, dpi=100)
@@ -92,6 +107,21 @@ class RunLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def eval_scores(records: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
+    """The reasoning judge's scores over the eval records (every key ending in ``_score``, e.g.
+    ``observation_score``): name -> (steps, values), in record order; {} without a judge."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for r in records:
+        if r["kind"] != "eval":
+            continue
+        for key, value in r.items():
+            if key.endswith("_score") and isinstance(value, (int, float)):
+                steps, values = out.setdefault(key, ([], []))
+                steps.append(r["step"])
+                values.append(float(value))
+    return out
 
 
 def read_records(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -62,7 +62,7 @@ class Cluster(Protocol):
     def stop_runs(self) -> None: ...
     def rollout(self, counts: dict[int, int]) -> dict[int, BaseException]: ...
     def restart_actor(self, index: int, error: BaseException) -> None: ...
-    def evaluate(self, seeds: list[int]) -> dict[str, float]: ...
+    def evaluate(self, seeds: list[int], pages: int = 0) -> dict[str, Any]: ...
     def push_weights(self, version: int) -> dict[str, float]: ...
     def reform_weights(self, version: int) -> dict[str, float]: ...
 
@@ -80,12 +80,29 @@ def make_cluster(cfg: RunConfig) -> Cluster:
 
 def weighted_means(parts: list[dict[str, float]]) -> dict[str, float]:
     """The actors' evaluations (each with its episode count ``n``) as one: means weighted by
-    episodes; an actor that finished no episode has no scores."""
+    episodes; an actor that finished no episode has no scores; values that are not numbers (the
+    recorded ``episodes``) are left out."""
     total = sum(p["n"] for p in parts)
     counted = [p for p in parts if p["n"]] or parts
     keys = sorted({k for p in counted for k, v in p.items() if k != "n" and isinstance(v, (int, float))})
     out = {k: sum(p.get(k, 0.0) * p["n"] for p in parts) / max(total, 1) for k in keys}
     out["n"] = float(total)
+    return out
+
+
+def eval_shares(seeds: list[int], actors: int, pages: int) -> list[tuple[list[int], int]]:
+    """Per actor: its share of ``seeds`` (round robin) and how many of the share's first episodes
+    it records, so that the recorded episodes are those of the first ``pages`` seeds."""
+    return [(seeds[i::actors], len(range(i, min(pages, len(seeds)), actors))) for i in range(actors)]
+
+
+def combine_evaluations(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The actors' ``evaluate`` results as one: ``weighted_means``, and the recorded episodes
+    of all (plain data, not metrics) under ``episodes``, ordered by seed, where there are any."""
+    out: dict[str, Any] = weighted_means(parts)
+    episodes = sorted((e for p in parts for e in p.get("episodes", ())), key=lambda e: e["seed"])
+    if episodes:
+        out["episodes"] = episodes
     return out
 
 

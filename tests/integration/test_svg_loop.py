@@ -1,6 +1,7 @@
 """The SVG env (envs/svg/) in the whole loop, in one process (topology=local): the tiny Qwen2-VL
 sees the target icons as images, answers, the learner trains on those image episodes. No learning
-signal is asked of it; that every part takes the env's images and rewards is."""
+signal is asked of it; that every part takes the env's images and rewards is, and that each
+evaluation writes its page of episodes with the images the model saw."""
 
 from launch.loop import train
 from launch.metrics import read_records
@@ -24,3 +25,12 @@ def test_the_svg_env_trains_through_the_loop_with_a_vision_language_model(tmp_pa
     assert set(failed) <= {"failed/vision_token_generated"}, failed  # an untrained VLM may write one
     ((_, acc),) = summary["accounting"].items()
     assert acc["taken"] == 2 * 8 and acc["received"] == actor["episodes_sent"]
+    evals = [r for r in read_records(tmp_path) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 2] and not any("episodes" in r for r in evals)
+    pages = sorted(p.name for p in (tmp_path / "episodes").iterdir())
+    assert pages == ["eval_step_0.html", "eval_step_2.html", "index.html"]
+    for name in pages[:2]:
+        page = (tmp_path / "episodes" / name).read_text()
+        assert page.count('<section class="episode') == 4  # train.eval_pages (4) of the 4 seeds
+        turns = page.count('<div class="turn">')
+        assert page.count('<img src="data:image/png;base64,') >= turns > 0  # the target, each turn

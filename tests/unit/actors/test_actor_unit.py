@@ -314,6 +314,30 @@ def test_evaluate_plays_greedy_episodes_without_sending(tokenizer):
     assert stats["episodes_done"] == 0  # evaluation is not training
 
 
+def test_evaluate_records_the_episodes_of_its_first_seeds(tokenizer):
+    """record=3: the episodes of seeds 1, 2, 3 come back turn by turn, the failed one (seed 2)
+    with its reason; the means are those of the finished episodes, as without recording."""
+    async def scenario():
+        actor = _actor(tokenizer, envs=FakeEnvs(fail_seed=2))
+        await actor.start()
+        out = await actor.evaluate([1, 2, 3, 4, 5], record=3)
+        await actor.close()
+        return out
+
+    out = asyncio.run(scenario())
+    episodes = out.pop("episodes")
+    assert out["n"] == 4 and set(out) == {"success", "reward", "format_correct", "turns", "n",
+                                          "observation_score", "prediction_score"}
+    assert [e["seed"] for e in episodes] == [1, 2, 3]
+    assert [e["failure"] for e in episodes] == [None, "worker_crashed", None]
+    assert episodes[1]["turns"] == [] and episodes[1]["metrics"] == {}
+    for e in (episodes[0], episodes[2]):
+        assert len(e["turns"]) == e["metrics"]["turns"] >= 1
+        assert all(t["answer"] == ANSWER and t["images"] == [] for t in e["turns"])
+        assert sum(t["reward"] for t in e["turns"]) == pytest.approx(e["metrics"]["reward"])
+        assert e["turns"][0]["observation"].startswith("Turn 1 of 3.")
+
+
 def test_episode_budget_holds_the_actor_back_until_raised(tokenizer):
     receiver = trajectory_source("tcp://127.0.0.1:0")
 

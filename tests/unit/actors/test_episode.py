@@ -1,13 +1,18 @@
 """actors.episode: the token-in/token-out context and the turn loop, against a real FrozenLake env
-and the tiny tokenizer, with a scripted model (the unit under test is the bookkeeping)."""
+and the tiny tokenizer, with a scripted model (the unit under test is the bookkeeping); the turns
+recorded for the episode pages, against a scripted env."""
 
 import asyncio
+import base64
+import io
+import json
 
 import numpy as np
 import pytest
 
-from actors.episode import ChatContext, Generation, run_episode
+from actors.episode import ChatContext, Generation, run_episode, turn_record
 from envs.registry import load_config, make
+from envs.protocol import Observation, StepResult
 from envs.wire import EpisodeFailure
 from launch.tiny_tokenizer import build_tokenizer
 from tests.envs_api import env_reset, env_step
@@ -185,3 +190,61 @@ def test_reasoning_scores_are_the_mean_over_turns_of_the_judges(tokenizer):
     plain = asyncio.run(run_episode(generate, OneEnvClient(no_judge), 0, 3, tokenizer,
                                     max_turns=3, max_context=4096))
     assert not any(k.endswith("_score") for k in plain.metrics)
+
+
+class ScriptedEnvClient:
+    """Two turns whose observations, rewards and infos are fixed here, to check what is recorded."""
+
+    INFOS = [{"success": False, "format_correct": True, "actions_valid": True, "actions": ["Up"],
+              "metrics": {"env_reward": 0.0, "format_reward": 0.5, "reasoning/observation_score": 1.0}},
+             {"success": True, "format_correct": False, "actions_valid": False, "actions": [],
+              "metrics": {"env_reward": 10.0, "format_reward": 0.0, "reasoning/observation_score": 0.0}}]
+
+    def __init__(self):
+        self.turn = 0
+
+    async def system_prompt(self, slot):
+        return "sys"
+
+    async def reset(self, slots, seeds):
+        return [Observation(f"map {seeds[0]} <b>")]
+
+    async def step(self, slots, texts):
+        info = self.INFOS[self.turn]
+        self.turn += 1
+        return [StepResult(Observation(f"after turn {self.turn}"), reward=float(self.turn) / 4,
+                           done=self.turn == 2, info=info)]
+
+
+def test_recorded_turns_are_what_the_model_saw_and_what_the_env_said(tokenizer):
+    answers = ["<think>one</think><answer>Up</answer>", "<script>x()</script>"]
+    generate, _ = scripted(tokenizer, answers)
+    turns = []
+    result = asyncio.run(run_episode(generate, ScriptedEnvClient(), 0, 9, tokenizer, max_turns=3,
+                                     max_context=4096, record=turns))
+    assert result.metrics["turns"] == 2.0
+    assert turns == [
+        {"observation": "map 9 <b>", "images": [], "answer": answers[0], "reward": 0.25,
+         "metrics": {"env_reward": 0.0, "format_reward": 0.5, "reasoning/observation_score": 1.0},
+         "scores": {"observation_score": 1.0}, "format_correct": True, "actions_valid": True,
+         "actions": ["Up"], "success": False, "done": False},
+        {"observation": "after turn 1", "images": [], "answer": answers[1], "reward": 0.5,
+         "metrics": {"env_reward": 10.0, "format_reward": 0.0, "reasoning/observation_score": 0.0},
+         "scores": {"observation_score": 0.0}, "format_correct": False, "actions_valid": False,
+         "actions": [], "success": True, "done": True}]
+
+
+def test_a_recorded_turn_carries_its_images_as_png_and_is_plain_data():
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in ((6, 5, 3), (4, 4, 3))]
+    info = {"success": np.bool_(True), "format_correct": True, "actions": ["Left"],
+            "metrics": {"env_reward": np.float32(1.5)}}
+    turn = turn_record(Observation("<image> and <image>", images), "<answer>Left</answer>",
+                       StepResult(Observation("next"), np.float64(2.0), True, info))
+    assert json.loads(json.dumps(turn)) == turn  # plain data: Ray and the page need no numpy
+    for b64, image in zip(turn["images"], images):
+        np.testing.assert_array_equal(np.array(Image.open(io.BytesIO(base64.b64decode(b64)))), image)
+    assert (turn["reward"], turn["metrics"], turn["scores"], turn["actions_valid"]) == (
+        2.0, {"env_reward": 1.5}, {}, False)

@@ -1,6 +1,7 @@
-"""launch.metrics.RunLogger: jsonl records, progress line, learning-curve PNG."""
+"""launch.metrics.RunLogger: jsonl records, progress line, learning-curve PNG (with the judge's
+eval scores)."""
 
-from launch.metrics import RunLogger, read_records
+from launch.metrics import RunLogger, eval_scores, read_records
 
 
 def test_records_are_jsonl_and_the_curve_is_drawn(tmp_path, capsys):
@@ -24,3 +25,22 @@ def test_wandb_offline_writes_a_run_without_network(tmp_path, monkeypatch):
     logger.log("train", 1, {"rollout/success": 0.5})
     logger.close()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_the_curve_shows_the_judges_eval_scores_and_the_env(tmp_path):
+    logger = RunLogger(tmp_path, {"env_name": "sokoban"}, use_wandb=False)
+    logger.log("eval", 0, {"success": 0.25, "observation_score": 0.5, "prediction_score": 0.25,
+                           "n": 4.0, "episodes": [{"seed": 1, "turns": []}]})
+    logger.log("train", 1, {"rollout/success": 0.5, "rollout/observation_score": 0.9})
+    logger.log("eval", 2, {"success": 0.75, "observation_score": 0.75, "prediction_score": 0.5, "n": 4.0})
+    assert eval_scores(logger.records) == {"observation_score": ([0, 2], [0.5, 0.75]),
+                                           "prediction_score": ([0, 2], [0.25, 0.5])}
+    assert eval_scores([r for r in logger.records if r["kind"] == "train"]) == {}
+    assert logger.env_name == "sokoban"
+    png = logger.plot()
+    logger.close()
+    assert "episodes" not in read_records(tmp_path)[0]  # recorded episodes are not metrics
+    from PIL import Image
+
+    with Image.open(png) as im:  # two panels: taller than the one-panel curve
+        assert im.size == (700, 650)

@@ -7,7 +7,8 @@ import pytest
 
 from launch.cluster import RayCluster
 from launch.local import LocalCluster
-from launch.topology import Cluster, PushError, make_cluster, push_timings, weighted_means
+from launch.topology import (Cluster, PushError, combine_evaluations, eval_shares, make_cluster,
+                             push_timings, weighted_means)
 from launch.train import compose
 
 
@@ -32,6 +33,22 @@ def test_evaluations_are_weighted_by_episodes():
     parts = [{"success": 1.0, "turns": 2.0, "n": 3}, {"success": 0.0, "turns": 4.0, "n": 1},
              {"success": 0.5, "n": 0}]  # an actor that finished no episode has no weight
     assert weighted_means(parts) == {"success": 0.75, "turns": 2.5, "n": 4.0}
+
+
+def test_the_recorded_episodes_are_those_of_the_first_seeds():
+    seeds = [10, 11, 12, 13, 14, 15, 16]
+    assert eval_shares(seeds, 3, 4) == [([10, 13, 16], 2), ([11, 14], 1), ([12, 15], 1)]
+    assert eval_shares(seeds, 2, 0) == [([10, 12, 14, 16], 0), ([11, 13, 15], 0)]
+    assert eval_shares(seeds[:2], 3, 5) == [([10], 1), ([11], 1), ([], 0)]
+    def ep(seed):
+        return {"seed": seed, "turns": []}
+
+    parts = [{"success": 1.0, "n": 2, "episodes": [ep(10), ep(13)]},
+             {"success": 0.0, "n": 2, "episodes": [ep(11)]}, {"success": 0.0, "n": 0}]
+    assert weighted_means(parts) == {"success": 0.5, "n": 4.0}  # the episodes are no metric
+    assert combine_evaluations(parts) == {"success": 0.5, "n": 4.0,
+                                          "episodes": [ep(10), ep(11), ep(13)]}
+    assert "episodes" not in combine_evaluations(parts[2:])
 
 
 def test_push_timings_take_the_slowest_actor():
