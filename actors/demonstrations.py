@@ -5,7 +5,9 @@ Called by launch/warm_start.py (supervised fine-tuning before RL). Works for the
 (envs.frozenlake, envs.sokoban, envs.gym_game: a ``GridEnv`` with a ``game`` that can ``solve()``), in every
 answer format of envs.formats.FORMATS, and for a game that plans its own demonstration turns
 (``demonstrate_turn`` and ``reasoning``: envs/primitive_skill/game.py, whose ``"habit"`` puts a
-cube back where it was picked and whose other mistakes are missed points).
+cube back where it was picked and whose other mistakes are missed points), and for an env that
+writes its answers itself (``demonstrate``: envs/svg/env.py, the target's own SVG with some
+numbers moved).
 
 Invariants:
 - Each turn's answer is written from the TRUE state: ``<observation>`` is ``env.state_text()``
@@ -87,6 +89,14 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
         env.close()
         raise ValueError(f"the {env_name} env has no solver to demonstrate with: train it without "
                          "a warm start (warm_start.enabled=false)")
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    if hasattr(env, "demonstrate"):  # an env that writes its own answers (the SVG env)
+        try:
+            return [_own_episode(env, env_name, tokenizer, vision, eos, int(seed), first_index + i,
+                                 np.random.default_rng([rng_seed, seed]), action_noise)
+                    for i, seed in enumerate(seeds)]
+        finally:
+            env.close()
     if base_format(env.format) not in (*_SECTIONS, "no_think", "free_think"):
         raise ValueError(f"no demonstrations for format {env.format!r} (of {FORMATS})")
     k = env.max_actions if actions_per_turn is None else actions_per_turn
@@ -95,7 +105,6 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
     if getattr(env, "observed_as", "text") == "image" and vision is None:
         raise ValueError("the env renders images: demonstrations need the model's vision tokens "
                          "(vision=actors.vision.VisionTokens.from_pretrained(<a VLM>))")
-    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     out = []
     for i, seed in enumerate(seeds):
         rng = np.random.default_rng([rng_seed, seed])
@@ -131,6 +140,33 @@ def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: in
             break
     metrics = {"success": float(success), "turns": float(len(rewards)),
                "reward": float(sum(rewards)), "random_action_share": random_actions / n_actions}
+    return ctx.to_trajectory(rewards, run_id="demonstrations", actor_id=0, episode_id=index,
+                             env_name=env_name, seed=seed, group_id=index, metrics=metrics)
+
+
+def _own_episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: int, seed: int,
+                 index: int, rng: np.random.Generator, noise: float) -> Trajectory:
+    """An episode whose answers the env writes (``env.demonstrate(rng, noise)``: the answer, how
+    many of its parts were made mistakes, of how many)."""
+    ctx = ChatContext(tokenizer, env.system_prompt(), vision)
+    obs = to_observation(env.reset(seed=seed)[0])
+    if obs.images and vision is None:
+        raise ValueError(f"the {env_name} env shows images: demonstrations need the model's "
+                         "vision tokens (vision=actors.vision.VisionTokens.from_pretrained(<a VLM>))")
+    rewards, success, mistakes, parts = [], False, 0, 0
+    while True:
+        answer, missed, of = env.demonstrate(rng, noise)
+        ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
+        ctx.add_observation(obs.text, obs.images)
+        ctx.add_generation(Generation(ids, [0.0] * len(ids), [0] * len(ids), stopped=True))
+        result = to_step_result(env.step(answer))
+        rewards.append(float(result.reward))
+        success, mistakes, parts = bool(result.info["success"]), mistakes + missed, parts + of
+        obs = result.observation
+        if result.done:
+            break
+    metrics = {"success": float(success), "turns": float(len(rewards)),
+               "reward": float(sum(rewards)), "random_action_share": mistakes / max(parts, 1)}
     return ctx.to_trajectory(rewards, run_id="demonstrations", actor_id=0, episode_id=index,
                              env_name=env_name, seed=seed, group_id=index, metrics=metrics)
 

@@ -25,6 +25,7 @@ Invariants: the observation holds the target, and after the first turn the last 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,16 @@ def icon_svg(path: Path) -> str:
     return text[text.index("<svg"):].replace("currentColor", "#000000")
 
 
+COLOURS = {"#000000": "black", "#e6194b": "red", "#3cb44b": "green", "#4363d8": "blue",
+           "#f58231": "orange", "#911eb4": "purple"}
+_NUMBER_RE = re.compile(r"(?<![0-9a-fA-F.])\d+(?:\.\d+)?")
+_GEOMETRY_RE = re.compile(r'(\s(?:cx|cy|rx|ry|r|x|y|x1|y1|x2|y2|width|height|d|points)=")([^"]*)(")')
+"""The attributes that place and size a shape (path data included): the numbers a miss moves."""
+
+
 def shapes_svg(rng: np.random.Generator) -> str:
     """1 to 3 random shapes (circle, rectangle, line) of random colours in a 24 x 24 view box."""
-    colours = ("#000000", "#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4")
+    colours = tuple(COLOURS)
     parts = []
     for _ in range(int(rng.integers(1, 4))):
         colour = colours[int(rng.integers(len(colours)))]
@@ -119,6 +127,8 @@ class SvgEnv(gym.Env):
         self.action_space = TEXT
         self.observation_space = observation_space(self.image_size)
         self.target_svg = ""
+        self.target_name = ""
+        """The icon's name ("arrow left"), "" for shapes."""
         self._target: np.ndarray | None = None
         self._turn, self._done = 0, True
 
@@ -130,10 +140,10 @@ class SvgEnv(gym.Env):
         rng = np.random.default_rng(seed)
         kind = self.targets if self.targets != "mixed" else ("icons", "shapes")[int(rng.integers(2))]
         if kind == "icons":
-            icons = tabler_icons()
-            self.target_svg = icon_svg(icons[int(rng.integers(len(icons)))])
+            icon = tabler_icons()[int(rng.integers(len(tabler_icons())))]
+            self.target_svg, self.target_name = icon_svg(icon), icon.stem.replace("-", " ")
         else:
-            self.target_svg = shapes_svg(rng)
+            self.target_svg, self.target_name = shapes_svg(rng), ""
         self._target, why = self.renderer.render(self.target_svg, self.image_size)
         if self._target is None:
             raise RuntimeError(f"the target of seed {seed} did not draw: {why}")
@@ -196,7 +206,40 @@ class SvgEnv(gym.Env):
 
     @property
     def has_solver(self) -> bool:
-        return False
+        """The target's own SVG answers it: the warm start demonstrates with it (``demonstrate``)."""
+        return True
+
+    def describe_target(self) -> str:
+        """A sentence on the target: its shapes and colours, or the icon's name."""
+        if self.target_name:
+            return f"The {self.target_name} icon, in black outline."
+        shapes = re.findall(r'<(circle|rect|line)[^>]*?(?:fill|stroke)="(#[0-9a-f]{6})"', self.target_svg)
+        names = {"circle": "circle", "rect": "rectangle", "line": "line"}
+        said = [f"{COLOURS[c]} {names[k]}" for k, c in shapes]
+        return ", ".join(f"{'an' if x[0] in 'aeiou' else 'a'} {x}" for x in said).capitalize() + "."
+
+    def demonstrate(self, rng: np.random.Generator, noise: float) -> tuple[str, int, int]:
+        """A demonstration turn (actors/demonstrations.py): (the answer, how many of its numbers
+        were moved, how many numbers it has). The answer is the target's own SVG with each
+        number, with probability ``noise``, moved by 1 to 3 (kept in 0-24): a near miss."""
+        moved = numbers = 0
+
+        def jitter(m: re.Match) -> str:
+            nonlocal moved, numbers
+            numbers += 1
+            if rng.random() >= noise:
+                return m.group()
+            moved += 1
+            shift = int(rng.integers(1, 4)) * (1 if rng.random() < 0.5 else -1)
+            return str(min(24, max(0, round(float(m.group())) + shift)))
+
+        head = self.target_svg.index(">") + 1  # the <svg> element's own size stays
+        svg = self.target_svg[:head] + _GEOMETRY_RE.sub(
+            lambda m: m[1] + _NUMBER_RE.sub(jitter, m[2]) + m[3], self.target_svg[head:])
+        answer = f"<answer>{svg}</answer>"
+        if self.format == "free_think":
+            answer = f"<think>{self.describe_target()}</think>{answer}"
+        return answer, moved, numbers
 
     def _observe(self, feedback: str, drawing: np.ndarray | None) -> dict:
         header = "The episode is over." if self._done else f"Turn {self._turn + 1} of {self.max_turns}."

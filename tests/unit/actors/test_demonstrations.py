@@ -325,3 +325,27 @@ def test_a_gymnasium_game_is_demonstrated_by_searching_its_table(tokenizer):
     answers = tokenizer.decode(demo.token_ids[demo.loss_mask])
     assert "takes 13 moves and starts Up, Right, Right.</think><answer>Up,Right,Right</answer>" in answers
     assert "takes 1 move and starts Down.</think><answer>Down</answer>" in answers
+
+
+def test_the_svg_env_demonstrates_with_the_targets_own_svg(vl_path, tokenizer):
+    from transformers import AutoTokenizer
+
+    from actors.vision import VisionTokens
+
+    tok, vision = AutoTokenizer.from_pretrained(vl_path), VisionTokens.from_pretrained(vl_path)
+    config = resolve_config("svg", {"image_size": 56, "targets": "shapes"})
+    clean = make_demonstrations("svg", config, tok, range(3), action_noise=0.0, rng_seed=0, vision=vision)
+    env = make("svg", **config)
+    try:
+        for seed, demo in enumerate(clean):
+            env.reset(seed=seed)
+            assert demo.metrics["success"] == 1.0 and demo.turn_rewards.tolist() == [5.5]
+            assert f"<answer>{env.target_svg}</answer>" in tok.decode(demo.token_ids[demo.loss_mask])
+            assert len(demo.images) == 1  # the target, once: the first answer drew it
+    finally:
+        env.close()
+    noisy = make_demonstrations("svg", config, tok, range(3), action_noise=1.0, rng_seed=0, vision=vision)
+    assert all(d.metrics["random_action_share"] == 1.0 and d.metrics["success"] == 0.0 for d in noisy)
+    assert all(len(d.turn_rewards) == 2 for d in noisy)  # VAGEN's two turns, both missed
+    with pytest.raises(ValueError, match="vision tokens"):
+        make_demonstrations("svg", config, tokenizer, [0], action_noise=0.0, rng_seed=0)

@@ -4,6 +4,8 @@ hostile SVG), the two-image observation, and the settings it refuses."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -175,3 +177,37 @@ def test_the_env_plays_in_the_pools_daemonic_workers_and_leaves_no_renderer_behi
     while _render_workers() - before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _render_workers() - before
+
+
+def test_a_demonstration_is_the_targets_own_svg_and_noise_moves_only_its_geometry():
+    env = _env(targets="mixed")
+    try:
+        for seed in range(6):
+            env_reset(env, seed)
+            answer, moved, numbers = env.demonstrate(np.random.default_rng(seed), 0.0)
+            assert answer == f"<think>{env.describe_target()}</think><answer>{env.target_svg}</answer>"
+            assert moved == 0 and numbers > 0
+            result = env_step(env, answer)
+            assert result.info["success"] and result.reward == pytest.approx(5.5)
+            env_reset(env, seed)
+            noisy, moved, numbers = env.demonstrate(np.random.default_rng(seed), 1.0)
+            assert moved == numbers  # every coordinate and length moved, by 1 to 3
+            svg = noisy[noisy.index("<answer>") + 8:-len("</answer>")]
+            head = env.target_svg[:env.target_svg.index(">") + 1]
+            assert svg.startswith(head) and svg != env.target_svg  # the view box and size stay
+            colours = sorted(re.findall(r"#[0-9a-f]{6}", env.target_svg))
+            assert sorted(re.findall(r"#[0-9a-f]{6}", svg)) == colours
+            result = env_step(env, noisy)
+            assert result.info["actions_valid"] and not result.info["success"]
+    finally:
+        env.close()
+
+
+def test_the_demonstrations_think_names_the_shapes_or_the_icon(env):
+    env.target_name = ""
+    env.target_svg = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><circle cx="3" '
+                      'cy="4" r="3" fill="#e6194b"/><line x1="2" y1="2" x2="9" y2="9" stroke="#f58231" '
+                      'stroke-width="2"/></svg>')
+    assert env.describe_target() == "A red circle, an orange line."
+    env_reset(env, 0)
+    assert env.describe_target() == f"The {env.target_name} icon, in black outline."
