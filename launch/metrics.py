@@ -94,7 +94,7 @@ class RunLogger:
         for ax in axes[:, 0]:
             ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
-            ax.legend(loc="lower right")
+            ax.legend(loc="best", fontsize="small")
         axes[-1, 0].set_xlabel("learner step")
         path = self.run_dir / "learning_curve.png"
         fig.tight_layout()

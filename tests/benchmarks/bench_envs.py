@@ -1,12 +1,14 @@
-"""Benchmark: what one Navigation env (one env worker's MiniWorld room) costs: resets, turns and
-actions per second with the expert playing, the picture's render time, and the process's memory.
+"""Benchmark: what one env of the image envs costs in an env worker: Navigation (a MiniWorld
+room) and SVG (resvg in its render worker): resets and turns with the expert playing, the
+picture's render time, and the process's memory.
 
-Run with `python -m tests.benchmarks.bench_navigation` (`--episodes`, `--json PATH`). Each row runs
-in a fresh child process (so memory is one env's): it builds the env, plays the expert for
-``--episodes`` seeds through the env's own turns (5 actions a turn, as VAGEN's), then times the
-camera alone. The baseline, measured in the same run, is a FrozenLake text turn in the same kind
-of process: the ratio says how many FrozenLake turns one Navigation turn costs. Prints a
-Markdown table.
+Run with `python -m tests.benchmarks.bench_envs` (`--episodes`, `--json PATH`). Each row runs in a
+fresh child process (so memory is one env's): it builds the env and plays the expert for
+``--episodes`` seeds through the env's own turns (Navigation: the shortest plan, 5 actions a
+turn, as VAGEN's; SVG: the target's own SVG, one turn); Navigation's camera is then timed alone.
+The baseline, measured in the same run, is a FrozenLake text turn in the same kind of process:
+the ratio says how many FrozenLake turns one turn of the env costs. Prints a Markdown table.
+(PrimitiveSkill has its own: bench_primitive_skill.)
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ import time
 ROWS = {"frozenlake text (baseline)": ("frozenlake", {"format": "free_think"}),
         "navigation text": ("navigation", {"render": "text"}),
         "navigation image 224 px": ("navigation", {"render": "image", "image_size": 224}),
-        "navigation image 112 px": ("navigation", {"render": "image", "image_size": 112})}
+        "navigation image 112 px": ("navigation", {"render": "image", "image_size": 112}),
+        "svg shapes 224 px": ("svg", {"targets": "shapes", "image_size": 224}),
+        "svg icons 224 px": ("svg", {"targets": "icons", "image_size": 224})}
 
 
 def _measure(name: str, overrides: dict, episodes: int, out) -> None:
+    import numpy as np
     import psutil
 
     from envs.registry import make, resolve_config
@@ -37,8 +42,11 @@ def _measure(name: str, overrides: dict, episodes: int, out) -> None:
         env_reset(env, seed)
         reset_s += time.perf_counter() - t
         while True:
-            plan = env.solve() or ["moveahead"]
-            answer = f"<think>go</think><answer>{','.join(plan[:env.max_actions])}</answer>"
+            if name == "svg":
+                answer = env.demonstrate(np.random.default_rng(seed), 0.0)[0]
+            else:
+                plan = env.solve() or ["moveahead"]
+                answer = f"<think>go</think><answer>{','.join(plan[:env.max_actions])}</answer>"
             t = time.perf_counter()
             result = env_step(env, answer)
             turn_s += time.perf_counter() - t
