@@ -52,6 +52,9 @@ class ActorConfig:
     max_tokens: int = 96
     """Tokens per answer (per turn)."""
     max_turns: int = 3
+    images_per_turn: int = 1
+    """The most images one observation shows (the SVG env's: the target and the last drawing):
+    the engine takes max_turns x this many images a prompt."""
     max_context: int = 2048
     """The engine's max_model_len: an episode ends when its context would not fit."""
     engine: str = "async"

@@ -17,12 +17,13 @@ EXTENSION = "actors.vllm_extension.WeightSyncExtension"
 
 
 def build_engine(cfg: ActorConfig, vision: bool):
-    """The engine for ``cfg``'s model (``vision``: it takes up to max_turns images a prompt):
+    """The engine for ``cfg``'s model (``vision``: it takes up to max_turns x images_per_turn
+    images a prompt):
     an AsyncLLM (its core in a child process), or with ``cfg.engine == "in_process"`` an
     actors/local_engine.py ``InProcessEngine`` (everything in this process)."""
     from vllm import AsyncEngineArgs
 
-    images = engine_image_args(cfg.max_turns) if vision else {}
+    images = engine_image_args(cfg.max_turns * cfg.images_per_turn) if vision else {}
     args = AsyncEngineArgs(
         model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
         kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,

@@ -47,6 +47,13 @@ for _name, _id in IDS.items():
         gym.register(_id, entry_point=_FACTORIES[_name], order_enforce=False,
                      disable_env_checker=True)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "env"
+_IMAGES = {"svg": 2}  # the target, and beside it the last drawing
+
+
+def images_per_observation(name: str) -> int:
+    """The most images one observation of env ``name`` shows (1 unless it says more): the
+    inference engine is sized for max_turns times this many images a prompt."""
+    return _IMAGES.get(name, 1)
 
 
 def _check_name(name: str) -> None:

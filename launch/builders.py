@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from envs.registry import images_per_observation
 from launch.config import RunConfig
 
 
@@ -76,6 +77,7 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
         "whole_groups": cfg.algorithm.estimator == "grpo",  # GRPO batches take whole groups
         "temperature": ac.temperature, "top_p": ac.top_p, "max_tokens": ac.max_tokens,
         "max_turns": cfg.env["max_turns"], "max_context": ac.max_context,
+        "images_per_turn": images_per_observation(cfg.env_name),
         "kv_cache_bytes": ac.kv_cache_bytes, "seed": cfg.seed * 1000 + index,
         "learner_address": stream_address, "dtype": cfg.model.dtype,
         "tensor_parallel": ac.tp,

@@ -52,6 +52,19 @@ def test_actor_config_keys_are_the_actors():
     assert ac.actor_id == 2 and ac.env_name == "sokoban" and ac.max_turns == cfg.env["max_turns"]
 
 
+def test_the_engine_takes_as_many_images_as_an_episode_shows():
+    from actors.config import ActorConfig
+    from actors.vision import engine_image_args
+
+    for env, images in (("frozenlake", 3), ("navigation", 4), ("svg", 3)):
+        cfg = compose([f"env={env}", "env.render=image", "model.vision=true"])
+        ac = ActorConfig.from_dict(actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1"))
+        # SVG: the target on turn 1, the target and the last drawing on turn 2: 3 <= 2 x 2
+        limit = engine_image_args(ac.max_turns * ac.images_per_turn)["limit_mm_per_prompt"]["image"]
+        assert limit >= images and ac.max_turns == cfg.env["max_turns"]
+    assert ActorConfig.from_dict(actor_config(compose(["env=svg"]), 0, "/m", "x")).images_per_turn == 2
+
+
 @pytest.mark.parametrize("batch,group,actors,expected", [
     (32, 4, 1, [32]), (32, 4, 3, [12, 12, 8]), (30, 4, 2, [16, 16]), (5, 1, 2, [3, 2]),
 ])
