@@ -103,7 +103,8 @@ class SvgEnv(gym.Env):
                  format: str = "free_think", prompt: str = "brief", format_reward: float = 0.5,
                  similarity_reward: float = 5.0, weights: dict[str, float] | None = None,
                  success_threshold: float = 0.9, render_timeout_s: float = 5.0,
-                 render: str = "image", reasoning_reward: Any = None) -> None:
+                 render: str = "image", reasoning_reward: Any = None,
+                 blank_images: bool = False) -> None:
         if targets not in TARGETS:
             raise ValueError(f"targets must be one of {TARGETS}, got {targets!r}")
         if prompt not in PROMPTS:
@@ -120,6 +121,9 @@ class SvgEnv(gym.Env):
                              f"got {format!r}")
         self.targets, self.image_size, self.max_turns = targets, int(image_size), int(max_turns)
         self.format, self.prompt = format, prompt
+        self.blank_images = bool(blank_images)
+        """Every picture shown white (the scores still compare the real ones): the ablation that
+        tells whether a model reads them."""
         self.format_reward, self.similarity_reward = float(format_reward), float(similarity_reward)
         self.weights = check_weights(weights)
         self.success_threshold = float(success_threshold)
@@ -247,6 +251,8 @@ class SvgEnv(gym.Env):
         if drawing is not None:
             lines.append(f"Your drawing:\n{IMAGE_PLACEHOLDER}")
             images.append(drawing)
+        if self.blank_images:
+            images = [np.full_like(image, 255) for image in images]
         checked = Observation("\n".join(line for line in lines if line), images)
         return {"text": checked.text, "images": tuple(checked.images)}
 

@@ -211,3 +211,18 @@ def test_the_demonstrations_think_names_the_shapes_or_the_icon(env):
     assert env.describe_target() == "A red circle, an orange line."
     env_reset(env, 0)
     assert env.describe_target() == f"The {env.target_name} icon, in black outline."
+
+
+def test_blank_images_show_white_and_score_the_real_drawing():
+    plain, blank = _env(targets="shapes"), _env(targets="shapes", blank_images=True)
+    try:
+        first, white = env_reset(plain, 3), env_reset(blank, 3)
+        assert white.images[0].shape == first.images[0].shape and (white.images[0] == 255).all()
+        assert not (first.images[0] == 255).all()
+        answer = blank.demonstrate(np.random.default_rng(0), 0.0)[0]
+        a, b = env_step(plain, answer), env_step(blank, answer)
+        assert a.reward == b.reward == pytest.approx(5.5)  # the real target against the drawing
+        assert all((im == 255).all() for im in b.observation.images) and len(b.observation.images) == 2
+    finally:
+        plain.close()
+        blank.close()
