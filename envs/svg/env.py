@@ -12,7 +12,8 @@ The seed picks the target; the same seed, the same target.
 A turn: the answer is parsed strictly in ``format`` (envs/formats.py); the inner text of
 ``<answer>`` is the SVG. It is checked and drawn within limits by envs/svg/render.py. Reward:
 ``format_reward`` for a well-formed answer whose SVG draws, plus ``similarity_reward`` x the
-similarity of the two renders (envs/svg/score.py: the edge IoU and SSIM, ``weights``). An answer
+similarity of the two renders (envs/svg/score.py: the edge IoU and SSIM, ``weights``; with
+``perceptual_model``, a local DINO checkpoint, also VAGEN's learned term). An answer
 whose SVG does not draw (refused as hostile, malformed, too slow) earns nothing and ends the
 episode, as VAGEN's; its reason is counted (``svg_refused/<reason>`` in the turn's metrics). The
 episode ends with success once the similarity reaches ``success_threshold``, else after
@@ -104,7 +105,7 @@ class SvgEnv(gym.Env):
                  similarity_reward: float = 5.0, weights: dict[str, float] | None = None,
                  success_threshold: float = 0.9, render_timeout_s: float = 5.0,
                  render: str = "image", reasoning_reward: Any = None,
-                 blank_images: bool = False) -> None:
+                 blank_images: bool = False, perceptual_model: str | None = None) -> None:
         if targets not in TARGETS:
             raise ValueError(f"targets must be one of {TARGETS}, got {targets!r}")
         if prompt not in PROMPTS:
@@ -126,6 +127,14 @@ class SvgEnv(gym.Env):
         tells whether a model reads them."""
         self.format_reward, self.similarity_reward = float(format_reward), float(similarity_reward)
         self.weights = check_weights(weights)
+        self.perceptual = None
+        """The perceptual term's model (envs/svg/perceptual.py), where ``weights`` gives it one."""
+        if self.weights.get("perceptual", 0.0) > 0:
+            if not perceptual_model:
+                raise ValueError("weights.perceptual needs perceptual_model: a local DINO checkpoint")
+            from envs.svg.perceptual import PerceptualSimilarity
+
+            self.perceptual = PerceptualSimilarity(perceptual_model)
         self.success_threshold = float(success_threshold)
         self.renderer = Renderer(timeout_s=render_timeout_s)
         self.action_space = TEXT
@@ -163,7 +172,7 @@ class SvgEnv(gym.Env):
         if parsed.format_correct:
             drawing, why = self.renderer.render(parsed.answer, self.image_size)
             if drawing is not None:
-                score, terms = similarity(self._target, drawing, self.weights)
+                score, terms = similarity(self._target, drawing, self.weights, self.perceptual)
         drew = drawing is not None
         fmt = format_reward(parsed, drew, reward=self.format_reward)
         reward = fmt + self.similarity_reward * score

@@ -4,9 +4,9 @@
 
 ``similarity(a, b, weights)`` -> (the weighted mean of the terms, each in [0, 1]; the terms).
 Both terms are symmetric and 1 for identical images; SSIM's negative values count as 0. Two
-images with no edges at all have an edge IoU of 1 (nothing to disagree on). A learned perceptual
-metric (DINO, DreamSim, as VAGEN) is a further term where its weights exist locally; none is
-built in.
+images with no edges at all have an edge IoU of 1 (nothing to disagree on). A third term,
+``perceptual`` (VAGEN's DINO features: envs/svg/perceptual.py), is computed only where it has a
+weight, by the model passed in; by default it has none.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-TERMS = ("edges", "ssim")
+TERMS = ("edges", "ssim", "perceptual")
+DEFAULT_WEIGHTS = {"edges": 1.0, "ssim": 1.0}
 
 
 def grey(rgb: np.ndarray) -> np.ndarray:
@@ -47,20 +48,25 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def check_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
-    """``weights`` as a dict (None: every term at 1); ValueError unless they are non-negative,
-    not all 0, and over ``TERMS``."""
-    weights = dict(weights or dict.fromkeys(TERMS, 1.0))
+    """``weights`` as a dict (None: ``DEFAULT_WEIGHTS``); ValueError unless they are
+    non-negative, not all 0, and over ``TERMS``."""
+    weights = dict(weights or DEFAULT_WEIGHTS)
     if set(weights) - set(TERMS) or sum(weights.values()) <= 0 or min(weights.values()) < 0:
         raise ValueError(f"weights are non-negative, not all 0, over {TERMS}; got {weights}")
     return weights
 
 
-def similarity(a: np.ndarray, b: np.ndarray,
-               weights: Mapping[str, float] | None = None) -> tuple[float, dict[str, float]]:
-    """(the weighted mean of ``weights``' terms, every term); default weights: equal."""
+def similarity(a: np.ndarray, b: np.ndarray, weights: Mapping[str, float] | None = None,
+               perceptual=None) -> tuple[float, dict[str, float]]:
+    """(the weighted mean of ``weights``' terms, the terms computed); ``perceptual``: the model
+    of the ``perceptual`` term (its ``similarity(a, b)``), needed when that term has a weight."""
     weights = check_weights(weights)
     if a.shape != b.shape:
         raise ValueError(f"the renders differ in shape: {a.shape} and {b.shape}")
     terms = {"edges": edge_iou(a, b), "ssim": max(0.0, ssim(a, b))}
+    if weights.get("perceptual", 0.0) > 0:
+        if perceptual is None:
+            raise ValueError("the perceptual term has a weight but no model (perceptual_model)")
+        terms["perceptual"] = perceptual.similarity(a, b)
     total = sum(weights.values())
     return sum(w * terms[k] for k, w in weights.items()) / total, terms

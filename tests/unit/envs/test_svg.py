@@ -129,3 +129,54 @@ def test_similarity_is_one_for_the_same_render_symmetric_and_falls_with_the_diff
     assert similarity(target, blank, {"edges": 1.0})[0] == 0.0  # a blank has no edge in common
     with pytest.raises(ValueError, match="non-negative"):
         similarity(target, near, {"edges": -1.0, "ssim": 1.0})
+
+
+@pytest.fixture(scope="module")
+def dino_path(tmp_path_factory):
+    """A tiny DINOv2 built here from random weights, saved as a Hugging Face directory."""
+    from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
+
+    import torch
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("dino")
+    config = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=64, image_size=56, patch_size=14)
+    Dinov2Model(config).save_pretrained(path)
+    BitImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}).save_pretrained(path)
+    return str(path)
+
+
+def test_the_perceptual_term_is_the_cosine_of_the_models_embeddings(renderer, dino_path):
+    from envs.svg.perceptual import PerceptualSimilarity
+
+    model = PerceptualSimilarity(dino_path)
+    a, _ = renderer.render(circle(), 56)
+    b, _ = renderer.render(circle(cx=30, colour="#0000ff"), 56)
+    x, y = model.embed(a), model.embed(b)
+    naive = float(np.dot(x, y) / np.sqrt(np.dot(x, x) * np.dot(y, y)))
+    assert model.similarity(a, a) == pytest.approx(1.0)
+    assert model.similarity(a, b) == pytest.approx(max(0.0, naive)) == pytest.approx(model.similarity(b, a))
+    weights = {"edges": 1.0, "ssim": 1.0, "perceptual": 2.0}
+    total, terms = similarity(a, b, weights, model)
+    assert total == pytest.approx((terms["edges"] + terms["ssim"] + 2 * terms["perceptual"]) / 4)
+    assert "perceptual" not in similarity(a, b)[1]  # no weight, not computed
+
+
+def test_the_perceptual_term_needs_a_local_model(dino_path):
+    from envs.registry import make, resolve_config
+
+    with pytest.raises(ValueError, match="perceptual_model"):
+        make("svg", **resolve_config("svg", {"weights": {"perceptual": 1.0}}))
+    with pytest.raises(ValueError, match="local Hugging Face directory"):
+        make("svg", **resolve_config("svg", {"weights": {"perceptual": 1.0},
+                                             "perceptual_model": "facebook/dinov2-small"}))
+    env = make("svg", **resolve_config("svg", {"image_size": 56, "targets": "shapes",
+                                               "weights": {"ssim": 1.0, "perceptual": 1.0},
+                                               "perceptual_model": dino_path}))
+    try:
+        env.reset(seed=1)
+        _, reward, *_, info = env.step(f"<think>x</think><answer>{env.target_svg}</answer>")
+        assert info["metrics"]["similarity/perceptual"] == pytest.approx(1.0) and reward == pytest.approx(5.5)
+    finally:
+        env.close()
