@@ -41,7 +41,8 @@ Invariants:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -89,11 +90,16 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
         env.close()
         raise ValueError(f"the {env_name} env has no solver to demonstrate with: train it without "
                          "a warm start (warm_start.enabled=false)")
+    if getattr(env, "observed_as", "text") == "image" and vision is None:
+        env.close()
+        raise ValueError("the env renders images: demonstrations need the model's vision tokens "
+                         "(vision=actors.vision.VisionTokens.from_pretrained(<a VLM>))")
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     if hasattr(env, "demonstrate"):  # an env that writes its own answers (the SVG env)
         try:
-            return [_own_episode(env, env_name, tokenizer, vision, eos, int(seed), first_index + i,
-                                 np.random.default_rng([rng_seed, seed]), action_noise)
+            return [_played(env, env_name, tokenizer, vision, eos, int(seed), first_index + i,
+                            functools.partial(env.demonstrate, np.random.default_rng([rng_seed, seed]),
+                                              action_noise))
                     for i, seed in enumerate(seeds)]
         finally:
             env.close()
@@ -102,9 +108,6 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
     k = env.max_actions if actions_per_turn is None else actions_per_turn
     if not 1 <= k <= env.max_actions:
         raise ValueError(f"actions_per_turn must be in [1, {env.max_actions}], got {k}")
-    if getattr(env, "observed_as", "text") == "image" and vision is None:
-        raise ValueError("the env renders images: demonstrations need the model's vision tokens "
-                         "(vision=actors.vision.VisionTokens.from_pretrained(<a VLM>))")
     out = []
     for i, seed in enumerate(seeds):
         rng = np.random.default_rng([rng_seed, seed])
@@ -117,45 +120,33 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
 def _episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: int, seed: int,
              index: int, rng: np.random.Generator, noise: float, mistake: str, k: int,
              reasoning: str) -> Trajectory:
-    ctx = ChatContext(tokenizer, env.system_prompt(), vision)
-    obs = to_observation(env.reset(seed=seed)[0])
-    rewards, success, random_actions, n_actions, previous = [], False, 0, 0, None
+    """A grid game's episode: each turn's actions from ``_choose``, written in the env's format."""
     structured = env.format in STRUCTURED  # the state as a dict: a game that can write it
-    while True:
+    previous = None
+
+    def turn() -> tuple[str, int, int]:
+        nonlocal previous
         actions, after, n_random = _choose(env.game, rng, noise, mistake, k, previous, structured)
         previous = actions[-1]
         state = env.game.describe_state(True) if structured else env.state_text()
         answer = _answer(base_format(env.format), env.action_sep, state=state,
                          reasoning=_reasoning(env.game, reasoning), prediction=after,
                          actions=actions)
-        ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
-        ctx.add_observation(obs.text, obs.images)
-        ctx.add_generation(Generation(ids, [0.0] * len(ids), [0] * len(ids), stopped=True))
-        result = to_step_result(env.step(answer))
-        rewards.append(float(result.reward))
-        success = bool(result.info["success"])
-        random_actions, n_actions = random_actions + n_random, n_actions + len(actions)
-        obs = result.observation
-        if result.done:
-            break
-    metrics = {"success": float(success), "turns": float(len(rewards)),
-               "reward": float(sum(rewards)), "random_action_share": random_actions / n_actions}
-    return ctx.to_trajectory(rewards, run_id="demonstrations", actor_id=0, episode_id=index,
-                             env_name=env_name, seed=seed, group_id=index, metrics=metrics)
+        return answer, n_random, len(actions)
+
+    return _played(env, env_name, tokenizer, vision, eos, seed, index, turn)
 
 
-def _own_episode(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: int, seed: int,
-                 index: int, rng: np.random.Generator, noise: float) -> Trajectory:
-    """An episode whose answers the env writes (``env.demonstrate(rng, noise)``: the answer, how
-    many of its parts were made mistakes, of how many)."""
+def _played(env, env_name: str, tokenizer, vision: VisionTokens | None, eos: int, seed: int,
+            index: int, turn: Callable[[], tuple[str, int, int]]) -> Trajectory:
+    """The episode of ``seed`` played with the answers ``turn()`` writes from the env's current
+    state (each with how many of its parts were mistakes, of how many), recorded as the actor
+    records: ``random_action_share`` is the mistakes' share of all the parts."""
     ctx = ChatContext(tokenizer, env.system_prompt(), vision)
     obs = to_observation(env.reset(seed=seed)[0])
-    if obs.images and vision is None:
-        raise ValueError(f"the {env_name} env shows images: demonstrations need the model's "
-                         "vision tokens (vision=actors.vision.VisionTokens.from_pretrained(<a VLM>))")
     rewards, success, mistakes, parts = [], False, 0, 0
     while True:
-        answer, missed, of = env.demonstrate(rng, noise)
+        answer, missed, of = turn()
         ids = tokenizer.encode(answer, add_special_tokens=False) + [eos]
         ctx.add_observation(obs.text, obs.images)
         ctx.add_generation(Generation(ids, [0.0] * len(ids), [0] * len(ids), stopped=True))

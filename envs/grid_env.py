@@ -2,9 +2,9 @@
 
 Built by the games' ``make_env`` (envs.frozenlake, envs.sokoban; envs.gym_game for any gymnasium
 env with discrete actions and a text rendering; envs.primitive_skill.game on ManiSkill;
-envs.navigation.game on MiniWorld), which envs.registry calls. The game owns the rules, the map, the solver and the render data (see
-``GridGame``); this class owns what is common to them: the answer format, the rewards of a turn,
-the observations and the prompt. A game may also have ``parse_action`` (actions with arguments),
+envs.navigation.game on MiniWorld), which envs.registry calls. The game owns the rules, the map,
+the solver and the render data (see ``GridGame``); this class owns what is common to them: the
+answer format, the rewards of a turn, the observations and the prompt. A game may also have ``parse_action`` (actions with arguments),
 ``image`` (a camera instead of the drawn grid), ``instruction`` (the episode's own goal, said in
 every observation: the system prompt is asked before the episode is drawn), ``end_reward`` (paid
 on the episode's last turn), ``judge_score`` (its own rule for the rule judge) and ``state_dict``
@@ -34,7 +34,7 @@ from envs.formats import (ALL_FORMATS, STRUCTURED, Parsed, format_example, forma
                           format_reward, parse)
 from envs.grid import Pos, Tile, render_rgb
 from envs.judge import make_reasoning_reward
-from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, observation_space
+from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, blanked, observation_space
 from envs.relations import describe
 
 RENDERS = ("text", "image")
@@ -296,7 +296,7 @@ class GridEnv(gym.Env):
             images = [own(self.image_size) if own is not None else
                       render_rgb(self.game.shape, self.game.layers(), self.image_size)]
             if self.blank_images:
-                images = [np.full_like(image, 255) for image in images]
+                images = blanked(images)
         reminder = "" if self.prompt != "full" else (
             f"Reply exactly as {self._template} with 1 to {self.max_actions} actions from "
             f"{', '.join(self.action_names)}, separated by {self.action_sep!r}."

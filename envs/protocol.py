@@ -81,6 +81,12 @@ def observation_space(image_size: int | None = None) -> Dict:
     return Dict({"text": TEXT, "images": Sequence(Box(0, 255, shape, np.uint8))})
 
 
+def blanked(images) -> list[np.ndarray]:
+    """Every picture white, each its own size: the ablation (an env's ``blank_images``) that tells
+    whether a model reads its pictures."""
+    return [np.full_like(image, 255) for image in images]
+
+
 def to_observation(obs: Mapping[str, Any]) -> Observation:
     """A gymnasium observation (``{"text", "images"}``) as the pool's ``Observation``."""
     return Observation(obs["text"], list(obs.get("images", ())))

@@ -103,7 +103,8 @@ Texture.load = classmethod(_load_texture)  # also what ObjMesh loads its meshes'
 
 
 class NavWorld(MiniWorldEnv):
-    """A MiniWorld room; ``generate`` lays it out, ``move``/``turn``/``look`` act, ``picture`` sees."""
+    """A MiniWorld room: ``generate`` lays it out, ``free`` says where the agent fits, ``place``
+    puts the camera and ``picture`` takes what it sees."""
 
     def __init__(self, image_size: int) -> None:
         with contextlib.redirect_stdout(io.StringIO()):  # its frame buffers print MSAA fallbacks
@@ -136,11 +137,10 @@ class NavWorld(MiniWorldEnv):
         self.thing_names = picked
         self.agent.radius = 0.4
         self.place_agent(dir=float(rng.integers(4)) * math.pi / 2)
-        self.agent.cam_fov_y = FOV_DEG
-        self.agent.cam_pitch = 0.0
 
     def generate(self, seed: int) -> None:
-        """Lay the room of ``seed`` out (see the module docstring)."""
+        """Lay the room of ``seed`` out (see the module docstring). The camera is set after the
+        reset, whose parameter sampling sets it to MiniWorld's defaults."""
         self.reset(seed=seed)
         self.agent.cam_fov_y, self.agent.cam_pitch, self.agent.cam_fwd_disp = FOV_DEG, 0.0, 0.0
 

@@ -34,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 
 from envs.formats import format_reward, parse
-from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, observation_space
+from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, blanked, observation_space
 from envs.svg.render import MAX_BYTES, Renderer
 from envs.svg.score import check_weights, similarity
 
@@ -99,6 +99,8 @@ class SvgEnv(gym.Env):
     """See the module docstring."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    observed_as = "image"
+    """As GridEnv's: what the observations are (here always pictures)."""
 
     def __init__(self, *, targets: str = "icons", image_size: int = 224, max_turns: int = 2,
                  format: str = "free_think", prompt: str = "brief", format_reward: float = 0.5,
@@ -261,7 +263,7 @@ class SvgEnv(gym.Env):
             lines.append(f"Your drawing:\n{IMAGE_PLACEHOLDER}")
             images.append(drawing)
         if self.blank_images:
-            images = [np.full_like(image, 255) for image in images]
+            images = blanked(images)
         checked = Observation("\n".join(line for line in lines if line), images)
         return {"text": checked.text, "images": tuple(checked.images)}
 
