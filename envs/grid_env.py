@@ -4,11 +4,11 @@ Built by the games' ``make_env`` (envs.frozenlake, envs.sokoban; envs.gym_game f
 env with discrete actions and a text rendering; envs.primitive_skill.game on ManiSkill;
 envs.navigation.game on MiniWorld), which envs.registry calls. The game owns the rules, the map,
 the solver and the render data (see ``GridGame``); this class owns what is common to them: the
-answer format, the rewards of a turn, the observations and the prompt. A game may also have ``parse_action`` (actions with arguments),
-``image`` (a camera instead of the drawn grid), ``instruction`` (the episode's own goal, said in
-every observation: the system prompt is asked before the episode is drawn), ``end_reward`` (paid
-on the episode's last turn), ``judge_score`` (its own rule for the rule judge) and ``state_dict``
-(for the structured formats).
+answer format, the rewards of a turn, the observations and the prompt. A game may also have
+``parse_action`` (actions with arguments), ``image`` (a camera instead of the drawn grid),
+``instruction`` (the episode's own goal, said in every observation: the system prompt is asked
+before the episode is drawn), ``end_reward`` (paid on the episode's last turn), ``judge_score``
+(its own rule for the rule judge) and ``state_dict`` (for the structured formats).
 Invariants of ``step``:
 - An answer in the wrong format executes nothing and earns no format reward.
 - Actions are matched to ``action_space`` case-insensitively (or by the game's ``parse_action``)
@@ -302,7 +302,8 @@ class GridEnv(gym.Env):
             f"{', '.join(self.action_names)}, separated by {self.action_sep!r}."
         )
         own_goal = getattr(self.game, "instruction", None)
-        lines = [feedback, header, own_goal() if own_goal else "", "The current state:", state, reminder]
+        goal = own_goal() if own_goal else ""
+        lines = [feedback, header, goal, "The current state:", state, reminder]
         checked = Observation("\n".join(line for line in lines if line), images)  # one image a placeholder
         return {"text": checked.text, "images": tuple(checked.images)}
 
