@@ -37,7 +37,7 @@ from envs.judge import make_reasoning_reward
 from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, blanked, observation_space
 from envs.relations import describe
 
-RENDERS = ("text", "image")
+RENDERS = ("text", "image", "both")
 PROMPTS = ("full", "brief", "none")
 DEFAULT_REASONING_REWARD: Mapping[str, Any] = MappingProxyType({"judge": "rule"})
 
@@ -95,7 +95,8 @@ class GridEnv(gym.Env):
 
     Settings: ``format`` (one of envs.formats.FORMATS, or a STRUCTURED one for a game with a
     ``state_dict()``, whose keys the system prompt then lists), ``render`` ("text": the symbol grid;
-    "image": one RGB picture of ``image_size`` pixels a side), ``max_turns``,
+    "image": one RGB picture of ``image_size`` pixels a side; "both": the picture, then the text,
+    as VAGEN shows PrimitiveSkill), ``max_turns``,
     ``max_actions_per_turn`` (more are dropped by the parser), ``action_sep``, ``format_reward``
     (per correct turn), ``reasoning_reward`` (envs.judge.make_reasoning_reward's config; None
     disables it), ``prompt`` ("full": the format's whole instructions and an example answer in the
@@ -139,11 +140,12 @@ class GridEnv(gym.Env):
             raise ValueError(f"action_sep must be a non-blank string, got {action_sep!r}")
         self.game = game
         self.format, self.action_sep, self.prompt = format, action_sep, prompt
-        self.observed_as = render
-        """"text" (the symbol grid) or "image" (the picture): the ``render`` setting."""
+        self.render_setting = render
+        self.observed_as = "text" if render == "text" else "image"
+        """"text" (the symbol grid only) or "image" (a picture in every observation)."""
         self.image_size = check_int("image_size", image_size, 4 * max(game.shape))
-        if blank_images and render != "image":
-            raise ValueError("blank_images blanks image observations: it needs render=image")
+        if blank_images and render == "text":
+            raise ValueError("blank_images blanks image observations: it needs render=image or both")
         self.blank_images = bool(blank_images)
         """Every picture white, the same size: the ablation that tells whether a model reads them."""
         self.max_turns = check_int("max_turns", max_turns, 1)
@@ -156,7 +158,7 @@ class GridEnv(gym.Env):
         self.action_names: tuple[str, ...] = tuple(game.action_space)
         self._actions = {a.lower(): a for a in self.action_names}
         self.action_space = TEXT
-        self.observation_space = observation_space(self.image_size if render == "image" else None)
+        self.observation_space = observation_space(None if render == "text" else self.image_size)
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.render_mode = render_mode
@@ -168,7 +170,8 @@ class GridEnv(gym.Env):
     def system_prompt(self) -> str:
         if self.prompt == "none":
             return ""
-        legend = self.game.text_legend if self.observed_as == "text" else self.game.image_legend
+        legend = {"text": self.game.text_legend, "image": self.game.image_legend,
+                  "both": f"{self.game.image_legend} {self.game.text_legend}"}[self.render_setting]
         answer = (f"Answer as {self._template}" if self.prompt == "brief" else
                   format_prompt(self.format, action_example=self._example,
                                 action_sep=self.action_sep, max_actions=self.max_actions))
@@ -297,6 +300,8 @@ class GridEnv(gym.Env):
                       render_rgb(self.game.shape, self.game.layers(), self.image_size)]
             if self.blank_images:
                 images = blanked(images)
+            if self.render_setting == "both":
+                state = f"{state}\n{self.game.text()}"
         reminder = "" if self.prompt != "full" else (
             f"Reply exactly as {self._template} with 1 to {self.max_actions} actions from "
             f"{', '.join(self.action_names)}, separated by {self.action_sep!r}."

@@ -179,7 +179,7 @@ def _has_solver(cfg: RunConfig) -> bool:
 def _check_sees_images(cfg: RunConfig, path: str) -> None:
     """Before any process starts: an env that renders images needs a vision-language model.
     A path this process cannot read (a hub id on a cluster's nodes) is left to the actors."""
-    if cfg.env.get("render") != "image":  # an env's own setting: envs without images have none
+    if cfg.env.get("render") not in ("image", "both"):  # an env's own; envs without images: none
         return
     from transformers import AutoConfig
 
@@ -190,5 +190,5 @@ def _check_sees_images(cfg: RunConfig, path: str) -> None:
     except (OSError, ValueError):
         return
     if not is_vision_config(config):
-        raise ValueError(f"env.render=image needs a vision-language model; {path} is a text model "
-                         "(model.vision=true builds a tiny one)")
+        raise ValueError(f"env.render={cfg.env.get('render')} needs a vision-language model; "
+                         f"{path} is a text model (model.vision=true builds a tiny one)")

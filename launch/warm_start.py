@@ -221,8 +221,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="frozenlake", help="env name (configs/env/<name>.yaml)")
     p.add_argument("--format", help="answer format (default: the env config's)")
     p.add_argument("--prompt", choices=PROMPTS, help="prompt (default: the env config's)")
-    p.add_argument("--render", choices=("text", "image"),
-                   help="observations (default: the env config's); image needs a VLM")
+    p.add_argument("--render", choices=("text", "image", "both"),
+                   help="observations (default: the env config's); image and both need a VLM")
     p.add_argument("--image-size", type=int, help="pixels per side of an image observation")
     # The run's warm_start group, same names (--action-noise is warm_start.action_noise).
     add_fields(p, WarmStartConfig, config_defaults(), skip={"enabled"})

@@ -155,5 +155,27 @@ def test_blank_images_keep_the_size_and_the_episode_and_lose_only_the_picture():
     assert a["text"] == b["text"] and b["images"][0].shape == a["images"][0].shape == (48, 48, 3)
     assert (b["images"][0] == 255).all() and not (a["images"][0] == 255).all()
     assert seen.state_text() == blank.state_text()  # the same map underneath
-    with pytest.raises(ValueError, match="needs render=image"):
+    with pytest.raises(ValueError, match="needs render=image or both"):
         make_env_by_name("frozenlake", **resolve_config("frozenlake", {"blank_images": True}))
+
+
+def test_render_both_is_the_picture_then_the_text_observation():
+    """render=both: the image render's picture and the text render's state, in that order, and
+    the system prompt explains both; the episode is the same whichever is shown."""
+    from envs.registry import make as make_env_by_name
+    from envs.registry import resolve_config
+
+    envs = {render: make_env_by_name("frozenlake", **resolve_config(
+        "frozenlake", {"render": render, "image_size": 48})) for render in ("text", "image", "both")}
+    obs = {render: env.reset(seed=4)[0] for render, env in envs.items()}
+    grid = envs["text"].render()
+    assert grid in obs["text"]["text"] and grid in obs["both"]["text"]
+    assert grid not in obs["image"]["text"]
+    assert obs["both"]["text"].index("<image>") < obs["both"]["text"].index(grid)
+    assert obs["both"]["text"].replace(f"<image>\n{grid}", "<image>") == obs["image"]["text"]
+    assert (obs["both"]["images"][0] == obs["image"]["images"][0]).all()
+    prompt = envs["both"].system_prompt()
+    game = envs["both"].game
+    assert game.image_legend in prompt and game.text_legend in prompt
+    assert game.text_legend not in envs["image"].system_prompt()
+    assert envs["both"].observed_as == "image" and envs["text"].observed_as == "text"

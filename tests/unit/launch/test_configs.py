@@ -97,6 +97,8 @@ def test_an_image_env_with_a_text_model_fails_before_anything_starts(tmp_path):
     vlm = str(build_tiny_model(tmp_path / "vlm", seed=0, vision=True))
     with pytest.raises(ValueError, match="needs a vision-language model"):
         prepare_model(compose([f"model.path={text}", "env.render=image"]), tmp_path)
+    with pytest.raises(ValueError, match="env.render=both needs a vision-language model"):
+        prepare_model(compose([f"model.path={text}", "env.render=both"]), tmp_path)
     for model, render in [(vlm, "image"), (text, "text")]:
         cfg = compose([f"model.path={model}", f"env.render={render}", "warm_start.enabled=false"])
         assert prepare_model(cfg, tmp_path) == model
