@@ -49,7 +49,7 @@ from actors.vision import VisionTokens, vllm_prompt
 from actors.weight_updates import WeightUpdateError, WeightUpdates  # noqa: F401 - re-exported
 from envs.pool import EnvPool
 from envs.registry import resolve_config
-from envs.service import EnvServiceError, LocalEnvClient, RemoteEnvClient
+from envs.service import EnvServiceError, LatencyEnvClient, LocalEnvClient, RemoteEnvClient
 from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
@@ -138,6 +138,8 @@ class InferenceActor(WeightUpdates):
                 keys = None if cfg.env_curve is None else read_client(cfg.env_curve)
                 self.env = RemoteEnvClient(cfg.env_address, curve=keys)
                 await self._check_remote_slots()
+            if cfg.env_latency_s:
+                self.env = LatencyEnvClient(self.env, cfg.env_latency_s)
             if cfg.learner_address:
                 self._sender = trajectory_sink(cfg.learner_address, cfg.actor_id,  # tcp:// or inproc://
                                                curve=cfg.learner_curve)

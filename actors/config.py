@@ -39,6 +39,9 @@ class ActorConfig:
     """tcp://host:port of an env service (python -m envs.main) instead of an in-process pool."""
     env_slot_offset: int = 0
     """First slot this actor owns on a shared env service (remote envs only)."""
+    env_latency_s: float = 0.0
+    """Every env reset and step answers this much later, as a remote simulator's would (the
+    wait holds no env worker: envs/service.py's LatencyEnvClient); for benchmarks."""
     concurrency: int = 4
     """Training episodes in flight; at most the number of env slots."""
     group_size: int = 1
@@ -107,6 +110,8 @@ class ActorConfig:
             raise ValueError("training needs temperature > 0 and top_p in (0, 1]")
         if self.engine not in ("async", "in_process"):
             raise ValueError(f"engine must be 'async' or 'in_process', got {self.engine!r}")
+        if self.env_latency_s < 0:
+            raise ValueError(f"env_latency_s must be >= 0, got {self.env_latency_s}")
         if self.env_slot_offset and not self.env_address:
             raise ValueError("env_slot_offset is for a shared env service (env_address)")
         if self.incarnation < 0 or self.skip_groups < 0:

@@ -7,6 +7,8 @@ The pool's flags are envs/config.py's ``EnvPoolConfig`` fields, the names the ru
 group uses (``--env-workers`` is ``actors.env_workers``). ``--env`` is a registry name (envs/registry.py: its configs/env/<name>.yaml gives the defaults)
 or an importable "module:callable"; each ``--set`` overrides one setting, its value read as JSON
 when it parses (numbers, booleans, null, lists), else as a string.
+``--latency-s S`` answers every reset and step S seconds late, as a remote simulator would
+(the wait holds no worker: envs/service.py's ``LatencyEnvClient``), for latency benchmarks.
 ``--curve DIR`` requires CurveZMQ keys of its clients (transport/security.py; the run's
 ``actors.env_curve=DIR`` gives the actors theirs); a network address (not loopback) is served
 only with ``--curve`` or, knowingly, ``--insecure``. Prints ``env service on <address>`` once it
@@ -33,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="env config")
     p.add_argument("--curve", metavar="DIR", help="require CurveZMQ: the server certificate and "
                    "the allowed clients' in DIR (python -m transport.security DIR makes a set)")
+    p.add_argument("--latency-s", type=float, default=0.0,
+                   help="answer every reset and step this much later (a remote simulator's latency)")
     p.add_argument("--insecure", action="store_true",
                    help="serve a network address without --curve (anyone who reaches it may play)")
     for f in dataclasses.fields(EnvPoolConfig):
@@ -65,8 +69,8 @@ def _loopback(address: str) -> bool:
         return host == "localhost"
 
 
-async def serve(pool, address: str, curve_dir: str | None = None) -> None:
-    from envs.service import EnvServer, LocalEnvClient
+async def serve(pool, address: str, curve_dir: str | None = None, latency_s: float = 0.0) -> None:
+    from envs.service import EnvServer, LatencyEnvClient, LocalEnvClient
     from transport.security import read_server
 
     stop = asyncio.Event()
@@ -74,6 +78,8 @@ async def serve(pool, address: str, curve_dir: str | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     client = LocalEnvClient(pool)
+    if latency_s:
+        client = LatencyEnvClient(client, latency_s)
     server = EnvServer(client, pool.num_slots, address,
                        curve=None if curve_dir is None else read_server(curve_dir))
     print(f"env service on {server.address}{' (CurveZMQ)' if curve_dir else ''}", flush=True)
@@ -86,6 +92,8 @@ async def serve(pool, address: str, curve_dir: str | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.latency_s < 0:
+        raise SystemExit(f"--latency-s must be >= 0, got {args.latency_s}")
     if not (args.curve or args.insecure or _loopback(args.bind)):
         raise SystemExit(f"--bind {args.bind} serves the network: give --curve DIR (CurveZMQ keys, "
                          "python -m transport.security DIR makes them) or --insecure")
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     with EnvPool((args.env, config), num_workers=pool_cfg.env_workers,
                  envs_per_worker=pool_cfg.envs_per_worker, step_timeout_s=pool_cfg.step_timeout_s,
                  reset_timeout_s=pool_cfg.reset_timeout_s) as pool:
-        asyncio.run(serve(pool, args.bind, args.curve))
+        asyncio.run(serve(pool, args.bind, args.curve, args.latency_s))
 
 
 if __name__ == "__main__":

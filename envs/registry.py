@@ -64,8 +64,9 @@ def _check_name(name: str) -> None:
 def make(name: str, *, step_delay_s: float = 0.0, **config: Any) -> Env:
     """A new env ``name`` built with ``config`` (its factory's defaults for missing keys).
 
-    ``step_delay_s`` > 0 makes every ``reset`` and ``step`` take that much longer (a stand-in for
-    a slow simulator or a remote env service, for throughput benchmarks).
+    ``step_delay_s`` > 0 makes every ``reset`` and ``step`` take that much longer inside the env,
+    holding its worker as a slow local simulator does (a remote simulator's latency, which holds
+    no worker, is the actors' ``env_latency_s``).
     Raises ValueError for an unknown name or a bad setting, TypeError for an unknown key.
     """
     _check_name(name)

@@ -107,6 +107,45 @@ class LocalEnvClient:
         self._executor.shutdown(wait=False)
 
 
+class LatencyEnvClient:
+    """An ``EnvClient`` whose reset and step answers come ``latency_s`` late, as a remote
+    simulator's do: the wait is an asyncio sleep after the call, so it holds no env worker and
+    no thread, and calls from many episodes wait at once. Everything else passes through.
+    ``latency_s`` may be changed between calls (benchmarks sweep it on one client)."""
+
+    def __init__(self, client: EnvClient, latency_s: float) -> None:
+        if latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        self.client, self.latency_s = client, float(latency_s)
+
+    async def _late(self, call):
+        results = await call
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        return results
+
+    async def ping(self) -> dict[str, int]:
+        return await self.client.ping()
+
+    async def reset(self, slots, seeds):
+        return await self._late(self.client.reset(slots, seeds))
+
+    async def step(self, slots, texts):
+        return await self._late(self.client.step(slots, texts))
+
+    async def system_prompt(self, slot):
+        return await self.client.system_prompt(slot)
+
+    async def state_text(self, slot):
+        return await self.client.state_text(slot)
+
+    async def stats(self) -> dict[str, int]:
+        return await self.client.stats()
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
 class RequestError(ValueError):
     """A request that does not follow the wire format above."""
 

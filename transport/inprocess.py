@@ -8,7 +8,7 @@ learner polls and publishes from its own.
 
 ``InProcessTrajectoryChannel`` is the learner's end (a ``TrajectorySource``); ``.sink(actor_id)``
 makes an actor's end (a ``TrajectorySink``). As over ZeroMQ:
-- a trajectory travels as codec bytes: the sink encodes it (``CodecError`` there), ``poll``
+- a trajectory travels as its wire bytes: the sink encodes it (``CodecError`` there), ``poll``
   decodes and validates it (counted in ``rejected`` there, its bytes credited back), so the two
   sides share no object, and ``nbytes`` is the encoded size;
 - a send waits while the actor's bytes in flight (sent, neither released nor rejected) are
@@ -36,7 +36,6 @@ from typing import Iterable
 
 import torch
 
-from transport.codec import encode
 from transport.schema import Trajectory
 from transport.stream import Rejected, count_rejected, decode_trajectory
 from transport.weights import WeightSyncError
@@ -130,7 +129,7 @@ class InProcessTrajectorySink:
         """Send one trajectory; waits for credit (raises TimeoutError after ``timeout_s``)."""
         if self._closed:
             raise RuntimeError(f"actor {self.actor_id}: send after close")
-        payload = encode(trajectory.to_wire())
+        payload = trajectory.to_bytes()
         self._channel._put(self._identity, payload, timeout_s)
         self.sent += 1
         self.sent_bytes += len(payload)

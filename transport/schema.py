@@ -1,10 +1,16 @@
 """The wire messages between processes, in one place, each with its producer and consumer.
 
-Messages are plain dataclasses that turn into msgpack-ready dicts (``to_wire``) and back
-(``from_wire``), where every field is checked: a received message is untrusted input, so a wrong
-type, a dtype off the list, a length mismatch or an absurd size raises ``SchemaError`` (a
-ValueError) naming the field, and never anything else. numpy arrays travel as arrays; the codec
-(transport/codec.py) carries them as raw bytes.
+Messages are plain dataclasses, checked when built. A Trajectory travels as typed msgpack
+(``to_bytes`` / ``from_bytes``): msgspec decodes it against ``_WireTrajectory`` in compiled code
+(every field's type, unknown and missing fields, ranges), and ``from_bytes`` checks in a few
+vectorised passes what a type cannot say (lengths, flags, finiteness). A received message is
+untrusted input: anything wrong raises ``SchemaError`` (a ValueError) naming the field, or
+``CodecError`` for bytes that are not msgpack, and never anything else; nothing is unpickled.
+
+On the wire the per-token arrays are raw little-endian bytes whose dtype the schema fixes
+(``token_ids`` and ``policy_version`` int32, ``behaviour_logprobs`` float32), ``loss_mask`` and
+``turn_end`` travel as one ``flags`` byte a token (bit 0 loss_mask, bit 1 turn_end: 0, 1 or 3),
+``turn_rewards`` as float32 bytes. Decoded arrays are read-only, zero-copy views of the message.
 
 Invariants of a Trajectory:
 - the per-token arrays ``token_ids`` (int32), ``loss_mask`` (bool), ``turn_end`` (bool),
@@ -19,12 +25,16 @@ Invariants of a Trajectory:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 
-SCHEMA_VERSION = 2
+from transport.codec import CodecError
+
+SCHEMA_VERSION = 3
 MAX_TOKENS = 1 << 20
 MAX_TURNS = 1 << 12
 MAX_IMAGES = 256
@@ -88,30 +98,130 @@ class Trajectory:
         versions = self.policy_version[self.loss_mask]
         return int(versions.min()) if versions.size else -1
 
+    def to_bytes(self) -> bytes:
+        """The trajectory as typed msgpack (the module docstring's layout)."""
+        try:
+            return _ENCODER.encode(self.to_wire())
+        except (TypeError, msgspec.EncodeError) as e:
+            raise CodecError(f"cannot encode the trajectory: {e}") from None
+
     def to_wire(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["images"] = [vars(img).copy() for img in self.images]
+        """The fields as msgpack-ready builtins, the arrays as their wire bytes."""
+        flags = self.loss_mask.view(np.uint8) | (self.turn_end.view(np.uint8) << 1)
+        out = {name: getattr(self, name) for name in _SCALARS}
+        out.update(
+            token_ids=_le_bytes(self.token_ids, "<i4"), flags=flags.tobytes(),
+            behaviour_logprobs=_le_bytes(self.behaviour_logprobs, "<f4"),
+            policy_version=_le_bytes(self.policy_version, "<i4"),
+            turn_rewards=_le_bytes(self.turn_rewards, "<f4"),
+            images=[vars(img).copy() for img in self.images], metrics=dict(self.metrics),
+        )
         return out
 
     @classmethod
-    def from_wire(cls, msg: Any) -> "Trajectory":
-        if not isinstance(msg, dict):
-            raise SchemaError(f"trajectory must be a map, got {type(msg).__name__}")
-        version = msg.get("schema_version")
-        if type(version) is not int or version != SCHEMA_VERSION:
-            raise SchemaError(f"schema_version {version!r:.40}, expected {SCHEMA_VERSION}")
-        names = {f.name for f in fields(cls)}
-        unknown = set(msg) - names
-        if unknown:
-            raise SchemaError(f"unknown fields {sorted(map(str, unknown))}")
-        images = msg.get("images", [])
-        if not isinstance(images, list) or len(images) > MAX_IMAGES:
-            raise SchemaError("images must be a list of at most %d entries" % MAX_IMAGES)
+    def from_bytes(cls, payload: bytes | bytearray | memoryview) -> "Trajectory":
+        """A received message as a checked Trajectory; ``SchemaError`` or ``CodecError`` else."""
         try:
-            kwargs = dict(msg, images=[EncodedImage(**_image_fields(i)) for i in images])
-            return cls(**kwargs)
-        except TypeError as e:  # a missing required field
-            raise SchemaError(str(e)) from None
+            wire = _DECODER.decode(payload)
+        except msgspec.ValidationError as e:
+            raise SchemaError(_version_error(payload) or str(e)) from None
+        except Exception as e:  # noqa: BLE001 - msgspec raises e.g. UnicodeDecodeError for bad str
+            raise CodecError(f"malformed message: {type(e).__name__}: {e}"[:300]) from None
+        if wire.schema_version != SCHEMA_VERSION:
+            raise SchemaError(f"schema_version {wire.schema_version}, expected {SCHEMA_VERSION}")
+        flags = wire.flags
+        length = len(flags)
+        if length > MAX_TOKENS:
+            raise SchemaError(f"{length} tokens, the limit is {MAX_TOKENS}")
+        for name in ("token_ids", "behaviour_logprobs", "policy_version"):
+            if len(getattr(wire, name)) != 4 * length:
+                raise SchemaError(f"{name} has length {len(getattr(wire, name)) / 4:g}, "
+                                  f"flags has {length}")
+        if flags.translate(None, b"\x00\x01\x03"):
+            raise SchemaError("flags must be 0, 1 or 3 (turn_end marks a token outside loss_mask)")
+        turns = flags.count(3)
+        if len(wire.turn_rewards) != 4 * turns:
+            raise SchemaError(f"{len(wire.turn_rewards) / 4:g} turn_rewards for {turns} turn ends")
+        logprobs = np.frombuffer(wire.behaviour_logprobs, "<f4")
+        rewards = np.frombuffer(wire.turn_rewards, "<f4")
+        # Finite float32 values sum to a finite float64; a nan or an inf does not.
+        if not (math.isfinite(logprobs.sum(dtype=np.float64))
+                and math.isfinite(rewards.sum(dtype=np.float64))):
+            raise SchemaError("turn_rewards and behaviour_logprobs must be finite")
+        bits = np.frombuffer(flags, np.uint8)
+        values = {name: getattr(wire, name) for name in _SCALARS}
+        return cls._checked(
+            **values, token_ids=np.frombuffer(wire.token_ids, "<i4"), loss_mask=bits.astype(bool),
+            turn_end=bits == 3, behaviour_logprobs=logprobs,
+            policy_version=np.frombuffer(wire.policy_version, "<i4"), turn_rewards=rewards,
+            images=[EncodedImage(i.png, i.height, i.width) for i in wire.images],
+            metrics=wire.metrics,
+        )
+
+    @classmethod
+    def _checked(cls, **values: Any) -> "Trajectory":
+        """Built from fields ``from_bytes`` has checked: skips ``__post_init__``'s second pass."""
+        self = cls.__new__(cls)
+        self.__dict__.update(values)
+        return self
+
+
+class _WireImage(msgspec.Struct, forbid_unknown_fields=True):
+    png: bytes
+    height: int
+    width: int
+
+
+class _WireTrajectory(msgspec.Struct, forbid_unknown_fields=True):
+    """A Trajectory on the wire (module docstring); the per-token fields are views of the bytes."""
+
+    schema_version: int
+    run_id: str
+    actor_id: int
+    episode_id: int
+    env_name: str
+    seed: int
+    group_id: int
+    token_ids: memoryview
+    flags: bytes
+    behaviour_logprobs: memoryview
+    policy_version: memoryview
+    turn_rewards: memoryview
+    final_reward: float
+    group_size: Annotated[int, msgspec.Meta(ge=0, le=MAX_GROUP)]
+    images: Annotated[list[_WireImage], msgspec.Meta(max_length=MAX_IMAGES)]
+    metrics: dict[str, int | float | bool]
+    created_at: float
+
+
+class _Version(msgspec.Struct):
+    schema_version: Any = None
+
+
+def _plain(obj: Any) -> Any:
+    """numpy scalars (a metric computed with numpy) travel as Python numbers."""
+    if isinstance(obj, np.generic) and isinstance(obj.item(), (bool, int, float)):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain)
+_DECODER = msgspec.msgpack.Decoder(_WireTrajectory)
+
+
+def _version_error(payload: Any) -> str | None:
+    """For a message that failed the schema: "schema_version 2, expected 3" when that is why."""
+    try:
+        version = msgspec.msgpack.decode(payload, type=_Version).schema_version
+    except msgspec.DecodeError:
+        return None
+    if version == SCHEMA_VERSION and type(version) is int:
+        return None
+    return f"schema_version {version!r:.40}, expected {SCHEMA_VERSION}"
+
+
+def _le_bytes(arr: np.ndarray, dtype: str) -> bytes:
+    return np.ascontiguousarray(arr, dtype=dtype).tobytes()
 
 
 _ARRAYS = {

@@ -17,9 +17,9 @@ Frames: actor -> learner ``[b"HELLO"]`` (asks for a window; also after a restart
 arrives an actor repeats its HELLO every ``HELLO_INTERVAL_S`` (a HELLO sent before the connection,
 or its CURVE handshake, is up is dropped, not queued); it takes the first WINDOW and drops the
 answers to its repeats, so repeating never widens the window. No send blocks past its timeout,
-even with no learner connected. Payloads
-are transport/codec.py msgpack (no pickle: a received message can never execute code) of a
-transport/schema.py Trajectory. Anything else is counted by kind, logged once per kind, dropped.
+even with no learner connected. Payloads are a transport/schema.py Trajectory as typed msgpack
+(no pickle: a received message can never execute code), decoded and checked in compiled code
+(msgspec). Anything else is counted by kind, logged once per kind, dropped.
 Binds loopback by default; CurveZMQ (transport/security.py: the learner holds the server keys,
 each actor the client keys) keeps strangers from connecting or injecting trajectories on a
 multi-host network, and ``refused`` counts the handshakes it failed.
@@ -33,7 +33,7 @@ from collections import Counter
 
 import zmq
 
-from transport.codec import CodecError, decode, encode
+from transport.codec import CodecError
 from transport.schema import SchemaError, Trajectory
 from transport.security import ClientKeys, CurveServer, ServerKeys, curve_client
 
@@ -52,12 +52,12 @@ class Rejected(Exception):
         self.kind, self.detail = kind, detail
 
 
-def decode_trajectory(payload: bytes, actor: str, max_bytes: int) -> Trajectory:
+def decode_trajectory(payload: bytes | memoryview, actor: str, max_bytes: int) -> Trajectory:
     """A received payload as a validated Trajectory (every receiver's one path), or ``Rejected``."""
     if len(payload) > max_bytes:
         raise Rejected("too_large", f"{len(payload)} bytes from {actor!r}")
     try:
-        return Trajectory.from_wire(decode(payload, max_bytes=max_bytes))
+        return Trajectory.from_bytes(payload)
     except CodecError as e:
         raise Rejected("codec", str(e)) from None
     except SchemaError as e:
@@ -92,13 +92,16 @@ class TrajectorySender:
 
     def send(self, trajectory: Trajectory, *, timeout_s: float | None = None) -> None:
         """Send one trajectory; waits for credit (raises TimeoutError after ``timeout_s``)."""
-        payload = encode(trajectory.to_wire())
+        payload = trajectory.to_bytes()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._credit <= 0:
             self._take_credit(deadline)
-        if not self._socket.poll(_wait_ms(deadline), zmq.POLLOUT):
-            raise TimeoutError(f"actor {self.actor_id}: the connection to the learner is gone")
-        self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK)
+        try:  # the common case, a free queue, costs no poll
+            self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            if not self._socket.poll(_wait_ms(deadline), zmq.POLLOUT):
+                raise TimeoutError(f"actor {self.actor_id}: the connection to the learner is gone") from None
+            self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK, copy=False)
         self._credit -= len(payload)
         self.sent += 1
         self.sent_bytes += len(payload)
@@ -155,6 +158,8 @@ class TrajectoryReceiver:
         # is noticed: it takes the identity over (by default ZeroMQ would refuse it).
         self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._curve = None if curve is None else CurveServer(self._socket, curve)
+        self._pending: dict[str, int] = {}
+        """Released bytes not yet granted back, by actor (see ``release``)."""
         self._socket.bind(address)
         self.address = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
 
@@ -164,20 +169,38 @@ class TrajectoryReceiver:
         Returns (actor, trajectory, nbytes) for each valid trajectory; the caller must
         ``release(actor, nbytes)`` once it is done with each (that returns the actor's credit).
         """
+        self._flush_credit()
         out: list[tuple[str, Trajectory, int]] = []
-        wait_ms = int(timeout_s * 1000)
-        while len(out) < max_messages and self._socket.poll(wait_ms, zmq.POLLIN):
-            wait_ms = 0
-            frames = self._socket.recv_multipart()
-            actor = frames[0].decode("utf-8", "replace")
+        if not self._socket.poll(int(timeout_s * 1000), zmq.POLLIN):
+            return out
+        recv = self._socket.recv_multipart
+        while len(out) < max_messages:
+            try:  # what is queued is read without a poll a message
+                frames = recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            actor = frames[0].bytes.decode("utf-8", "replace")
             item = self._handle(actor, frames[1:])
             if item is not None:
                 out.append(item)
         return out
 
     def release(self, actor: str, nbytes: int) -> None:
-        """Give ``nbytes`` of credit back to ``actor`` (its trajectory left the buffer)."""
-        self._grant(actor, nbytes)
+        """Give ``nbytes`` of credit back to ``actor`` (its trajectory left the buffer).
+
+        Credit is sent at the next ``poll``, one frame an actor for all its releases since, or
+        at once when an actor's pending credit reaches an eighth of the window."""
+        pending = self._pending.get(actor, 0) + nbytes
+        if pending >= self.window_bytes // 8:
+            self._pending.pop(actor, None)
+            self._grant(actor, pending)
+        else:
+            self._pending[actor] = pending
+
+    def _flush_credit(self) -> None:
+        pending, self._pending = self._pending, {}
+        for actor, nbytes in pending.items():
+            self._grant(actor, nbytes)
 
     @property
     def refused(self) -> Counter[str]:
@@ -190,13 +213,13 @@ class TrajectoryReceiver:
         self._socket.close()
 
     def _handle(self, actor: str, frames: list) -> tuple[str, Trajectory, int] | None:
-        kind = frames[0] if frames else b""
+        kind = frames[0].bytes if frames else b""
         if kind == HELLO and len(frames) == 1:
             self._grant(actor, self.window_bytes, WINDOW)
             return None
         if kind != TRAJ or len(frames) != 2:
             return self._reject("frame", actor, 0, f"unexpected frames from {actor!r}")
-        payload = frames[1]
+        payload = frames[1].buffer
         try:
             trajectory = decode_trajectory(payload, actor, self.max_message_bytes)
         except Rejected as r:
@@ -207,7 +230,7 @@ class TrajectoryReceiver:
     def _reject(self, kind: str, actor: str, nbytes: int, detail: str) -> None:
         count_rejected(self.rejected, kind, actor, detail)
         if nbytes:
-            self._grant(actor, nbytes)  # a malformed message must not starve its sender
+            self.release(actor, nbytes)  # a malformed message must not starve its sender
         return None
 
     def _grant(self, actor: str, nbytes: int, kind: bytes = CREDIT) -> None:

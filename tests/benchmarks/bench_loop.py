@@ -1,10 +1,14 @@
 """The whole loop: async vs sync on the same config, async with and without cores of their own
-for the learner and the actor (``ray.bind_cores``), and async throughput with 1, 2, 4 actors
-when env latency dominates. Every run is a real `launch.loop.train` (Ray, vLLM actors, ZeroMQ,
-gloo broadcast, FSDP learner) on the tiny model; ratios are against the sync run / the 1-actor run
-measured in the same invocation.
+for the learner and the actor (``ray.bind_cores``), async vs sync as env latency grows, and async
+throughput with 1, 2, 4 actors when env latency dominates. Every run is a real
+`launch.loop.train` (Ray, vLLM actors, ZeroMQ, gloo broadcast, FSDP learner) on the tiny model;
+ratios are against the sync run / the 1-actor run measured in the same invocation.
 
-    python -m tests.benchmarks.bench_loop [--steps 12] [--batch 16] [--delay 0.1] [--set K=V ...] [--json out.json]
+    python -m tests.benchmarks.bench_loop [--parts modes,latency,scaling] [--steps 12]
+        [--batch 16] [--latencies 0,0.01,0.05,0.1,0.3] [--delay 0.1] [--set K=V ...] [--json out.json]
+
+Env latency is ``actors.env_latency_s``: every env reset and step answers that much later, as a
+remote simulator's would, without holding an env worker (envs/service.py's LatencyEnvClient).
 
 Throughput = trajectories trained on per second over the steady state (from the first to the
 last learner step, so start-up is excluded). Where the time goes comes from the actors' counters
@@ -73,47 +77,70 @@ def run(overrides: list[str]) -> dict:
     }
 
 
+def _row(name: str, r: dict, base: dict) -> dict:
+    return {"run": name, "traj/s": f"{r['traj_per_s']:.2f}",
+            "vs sync, unbound": f"{r['traj_per_s'] / base['traj_per_s']:.2f}x",
+            "s/step": f"{r['s_per_step']:.2f}", "learner wait s": f"{r['learner_wait_s']:.2f}",
+            "train s": f"{r['learner_train_s']:.2f}", "push s": f"{r['push_s']:.3f}",
+            "dropped stale": r["dropped_stale"], "produced": r["produced"],
+            **{f"cpu {k} s": f"{r[f'cpu_{k}_s']:.2f}" for k in (*CPU_KINDS, "rest")},
+            "cores busy": f"{r['cores_busy']:.2f}"}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--parts", default="modes,latency,scaling")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--delay", type=float, default=0.1, help="env step delay for the actor scaling runs")
+    p.add_argument("--latencies", default="0,0.01,0.05,0.1,0.3",
+                   help="env latencies (s) of the async vs sync sweep")
+    p.add_argument("--delay", type=float, default=0.1, help="env latency of the actor scaling runs")
     p.add_argument("--actors", default="1,2,4")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="more Hydra overrides for every run, e.g. env.prompt=none")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    parts = set(a.parts.split(","))
     base = [f"train.steps={a.steps}", f"train.batch_size={a.batch}", "train.eval_every=0",
             "train.eval_seeds=4", "warm_start.enabled=false", "logger.wandb=false",
             "actors.group_size=4", "actors.max_tokens=64", *a.set]
-    rows = []
-    sync = run([*base, "train.mode=sync", *UNBOUND])
-    runs = (("sync, unbound", sync), ("sync", run([*base, "train.mode=sync"])),
-            ("async, unbound", run([*base, "train.mode=async", *UNBOUND])),
-            ("async", run([*base, "train.mode=async"])))
-    for name, r in runs:
-        rows.append({"run": name, "traj/s": f"{r['traj_per_s']:.2f}",
-                     "vs sync, unbound": f"{r['traj_per_s'] / sync['traj_per_s']:.2f}x",
-                     "s/step": f"{r['s_per_step']:.2f}", "learner wait s": f"{r['learner_wait_s']:.2f}",
-                     "train s": f"{r['learner_train_s']:.2f}", "push s": f"{r['push_s']:.3f}",
-                     "dropped stale": r["dropped_stale"], "produced": r["produced"],
-                     **{f"cpu {k} s": f"{r[f'cpu_{k}_s']:.2f}" for k in (*CPU_KINDS, "rest")},
-                     "cores busy": f"{r['cores_busy']:.2f}"})
-    report(rows)
-    scale = []
-    first = None
-    for n in (int(x) for x in a.actors.split(",")):
-        r = run([*base, "train.mode=async", f"actors.num={n}", f"+env.step_delay_s={a.delay}",
-                 f"ray.num_cpus={max(2, n + 1)}"])
-        first = first or r
-        scale.append({"actors": n, "env delay s": a.delay, "traj/s": f"{r['traj_per_s']:.2f}",
-                      "vs 1 actor": f"{r['traj_per_s'] / first['traj_per_s']:.2f}x",
-                      "learner wait s": f"{r['learner_wait_s']:.2f}", "actor env s": f"{r['actor_env_s']:.0f}",
-                      "actor generate s": f"{r['actor_generate_s']:.0f}"})
-    print()
-    report(scale)
+    out: dict[str, list] = {}
+    if "modes" in parts:
+        sync = run([*base, "train.mode=sync", *UNBOUND])
+        runs = (("sync, unbound", sync), ("sync", run([*base, "train.mode=sync"])),
+                ("async, unbound", run([*base, "train.mode=async", *UNBOUND])),
+                ("async", run([*base, "train.mode=async"])))
+        out["mode"] = [_row(name, r, sync) for name, r in runs]
+        report(out["mode"])
+    if "latency" in parts:
+        out["latency"] = []
+        for latency in (float(x) for x in a.latencies.split(",")):
+            lat = f"actors.env_latency_s={latency}"
+            sync, asyn = run([*base, "train.mode=sync", lat]), run([*base, "train.mode=async", lat])
+            out["latency"].append({
+                "env latency s": latency, "sync traj/s": f"{sync['traj_per_s']:.2f}",
+                "async traj/s": f"{asyn['traj_per_s']:.2f}",
+                "async / sync": f"{asyn['traj_per_s'] / sync['traj_per_s']:.2f}x",
+                "sync s/step": f"{sync['s_per_step']:.2f}", "async s/step": f"{asyn['s_per_step']:.2f}",
+                "async learner wait s": f"{asyn['learner_wait_s']:.2f}",
+                "async train s": f"{asyn['learner_train_s']:.2f}"})
+        print()
+        report(out["latency"])
+    if "scaling" in parts:
+        out["scaling"], first = [], None
+        for n in (int(x) for x in a.actors.split(",")):
+            r = run([*base, "train.mode=async", f"actors.num={n}", f"actors.env_latency_s={a.delay}",
+                     f"ray.num_cpus={max(2, n + 1)}"])
+            first = first or r
+            out["scaling"].append({
+                "actors": n, "env latency s": a.delay, "traj/s": f"{r['traj_per_s']:.2f}",
+                "vs 1 actor": f"{r['traj_per_s'] / first['traj_per_s']:.2f}x",
+                "learner wait s": f"{r['learner_wait_s']:.2f}", "actor env s": f"{r['actor_env_s']:.0f}",
+                "actor generate s": f"{r['actor_generate_s']:.0f}"})
+        print()
+        report(out["scaling"])
     if a.json:
-        Path(a.json).write_text(json.dumps({"mode": rows, "scaling": scale}, indent=1))
+        Path(a.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

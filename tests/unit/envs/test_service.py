@@ -23,7 +23,8 @@ import zmq
 from envs.formats import format_example
 from envs.pool import EnvPool
 from envs.registry import load_config, make
-from envs.service import EnvServer, EnvServiceError, LocalEnvClient, RemoteEnvClient
+from envs.service import (EnvServer, EnvServiceError, LatencyEnvClient, LocalEnvClient,
+                          RemoteEnvClient)
 from envs.wire import EpisodeFailure
 from tests.unit.envs.fake_envs import CounterEnv, assert_same
 from transport import security
@@ -106,6 +107,41 @@ def test_many_requests_in_flight(server):
         assert out[-2:] == ["the counter is at 0"] * 2
 
     asyncio.run(_with_client(server.address, run))
+
+
+def test_latency_delays_each_answer_and_calls_from_many_episodes_wait_at_once():
+    """Eight episodes on one worker process, 0.3 s a call: serialised they would take 2.4 s a
+    round; waiting without holding the worker, a round takes one latency. Answers are unchanged."""
+    with EnvPool(("tests.unit.envs.fake_envs:CounterEnv", {}), num_workers=1, envs_per_worker=8,
+                 step_timeout_s=5.0, reset_timeout_s=5.0) as pool:
+        plain = LocalEnvClient(pool)
+        late = LatencyEnvClient(LocalEnvClient(pool), 0.3)
+        local = [CounterEnv() for _ in range(8)]
+
+        async def run():
+            t0 = time.perf_counter()
+            resets = await asyncio.gather(*(late.reset([s], [s]) for s in range(8)))
+            t1 = time.perf_counter()
+            steps = await asyncio.gather(*(late.step([s], ["ab" * s]) for s in range(8)))
+            t2 = time.perf_counter()
+            prompt = await late.system_prompt(0)
+            t3 = time.perf_counter()
+            assert await late.ping() == await plain.ping() == {"num_slots": 8}
+            return resets, steps, (t1 - t0, t2 - t1, t3 - t2), prompt
+
+        try:
+            resets, steps, (reset_s, step_s, prompt_s), prompt = asyncio.run(run())
+        finally:
+            asyncio.run(late.close())
+            asyncio.run(plain.close())
+        for s, env in enumerate(local):
+            assert_same(resets[s][0], env_reset(env, s))
+            assert_same(steps[s][0], env_step(env, "ab" * s))
+        assert prompt == local[0].system_prompt()
+        assert 0.3 <= reset_s < 1.2 and 0.3 <= step_s < 1.2  # one latency, not eight
+        assert prompt_s < 0.3  # only resets and steps are late
+    with pytest.raises(ValueError, match="latency_s"):
+        LatencyEnvClient(plain, -1.0)
 
 
 BAD_FRAMES = [
@@ -243,7 +279,7 @@ def _service_process(*flags: str):
 
 
 def test_service_process_serves_frozenlake_and_stops_on_sigterm():
-    with _service_process("--env-workers", "2", "--envs-per-worker", "1",
+    with _service_process("--env-workers", "2", "--envs-per-worker", "1", "--latency-s", "0.2",
                           "--set", "max_turns=2") as (proc, line):
         address = line.split()[-1]
         children = _descendants(proc.pid)
@@ -251,7 +287,9 @@ def test_service_process_serves_frozenlake_and_stops_on_sigterm():
         answer = format_example("grounding_worldmodeling", action_example="Right,Down")
 
         async def run(c: RemoteEnvClient):
+            t0 = time.perf_counter()
             assert_same((await c.reset([1], [11]))[0], env_reset(local, 11))
+            assert time.perf_counter() - t0 >= 0.2  # --latency-s
             assert_same((await c.step([1], [answer]))[0], env_step(local, answer))
             assert await c.system_prompt(0) == local.system_prompt()
 

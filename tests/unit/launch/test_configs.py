@@ -32,7 +32,7 @@ def test_experiment_presets_carry_vagen_hyper_parameters(name):
     assert (cfg.actors.temperature, cfg.actors.top_p, cfg.actors.max_tokens) == (0.7, 0.95, 200)
     assert cfg.train.steps == 300 and cfg.train.eval_every == 20
     assert cfg.algorithm.loss_args["clip_low"] == 0.2 and cfg.algorithm.value_clip == 0.5
-    assert cfg.env["render"] == "image" and cfg.env_name in name
+    assert cfg.env["render"] in ("image", "both") and cfg.env_name in name  # both: VAGEN's PrimitiveSkill
 
 
 def test_trainer_config_takes_the_algorithm_and_learner_groups():

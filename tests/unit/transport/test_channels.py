@@ -21,7 +21,7 @@ import torch
 from tests.unit.transport.trajectories import make_trajectory
 from transport.channels import (TrajectorySink, TrajectorySource, WeightSink, WeightSource,
                                 trajectory_sink, trajectory_source, weight_sink, weight_source)
-from transport.codec import CodecError, encode
+from transport.codec import CodecError
 from transport.inprocess import InProcessTrajectoryChannel, InProcessWeights
 from transport.stream import TrajectoryReceiver, TrajectorySender
 from transport.weights import WeightPublisher, WeightSubscriber, WeightSyncError
@@ -49,7 +49,7 @@ def source_at(request):
 
 
 def _size(trajectory) -> int:
-    return len(encode(trajectory.to_wire()))
+    return len(trajectory.to_bytes())
 
 
 def _sending(sink, trajectories, *, close: bool = False) -> threading.Thread:

@@ -2,9 +2,11 @@
 
 import random
 
+import msgpack
 import numpy as np
 import pytest
 
+from transport.codec import CodecError
 from transport.schema import SCHEMA_VERSION, EncodedImage, SchemaError, Trajectory
 
 
@@ -31,11 +33,37 @@ def _trajectory(**overrides):
 
 def test_round_trip_and_staleness_anchor():
     t = _trajectory()
-    back = Trajectory.from_wire(t.to_wire())
+    back = Trajectory.from_bytes(t.to_bytes())
     for name in ("token_ids", "loss_mask", "turn_end", "behaviour_logprobs", "policy_version", "turn_rewards"):
         assert np.array_equal(getattr(back, name), getattr(t, name))
+        assert getattr(back, name).dtype == getattr(t, name).dtype
     assert back.images == t.images and back.metrics == t.metrics and back.seed == 3
-    assert t.min_policy_version == 4
+    assert type(back.metrics["turns"]) is int and back.final_reward == 1.0
+    assert t.min_policy_version == back.min_policy_version == 4
+
+
+def test_round_trips_equal_the_original_on_random_trajectories():
+    """Property: any valid trajectory (random lengths, turns, flags, values) comes back equal."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        length = int(rng.integers(0, 300))
+        mask = rng.random(length) < 0.5
+        ends = mask & (rng.random(length) < 0.2)
+        t = _trajectory(
+            token_ids=rng.integers(-2**31, 2**31, length, dtype=np.int32), loss_mask=mask,
+            turn_end=ends, behaviour_logprobs=rng.normal(size=length).astype(np.float32),
+            policy_version=rng.integers(-1, 9, length, dtype=np.int32),
+            turn_rewards=rng.normal(size=int(ends.sum())).astype(np.float32),
+            images=[], metrics={"m": float(rng.normal())}, group_size=int(rng.integers(0, 9)))
+        back = Trajectory.from_bytes(t.to_bytes())
+        for name in ("token_ids", "loss_mask", "turn_end", "behaviour_logprobs", "policy_version",
+                     "turn_rewards"):
+            assert np.array_equal(getattr(back, name), getattr(t, name)), name
+        assert back.to_wire() == t.to_wire()
+
+
+def _packed(msg) -> bytes:
+    return msgpack.packb(msg, use_bin_type=True)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -61,29 +89,61 @@ def test_malformed_fields_are_rejected(overrides, message):
 
 def test_malformed_wire_messages_are_rejected():
     good = _trajectory().to_wire()
-    cases = [
-        None, [], "x", {},
-        dict(good, schema_version=SCHEMA_VERSION + 1),
-        dict(good, extra=1),
-        {k: v for k, v in good.items() if k != "token_ids"},
-        dict(good, images=[{"png": "not bytes", "height": 1, "width": 1}]),
-        dict(good, images="nope"),
-    ]
-    for msg in cases:
-        with pytest.raises(SchemaError):
-            Trajectory.from_wire(msg)
+    flags = bytearray(good["flags"])
+    flags[0] = 2  # a turn end outside loss_mask
+    cases = {
+        "Expected `object`": [None, [], "x"],
+        "missing required field `token_ids`": [
+            {k: v for k, v in good.items() if k != "token_ids"}],
+        "schema_version None, expected 3": [{}],
+        "schema_version 4, expected 3": [dict(good, schema_version=SCHEMA_VERSION + 1)],
+        "schema_version 2, expected 3": [{"schema_version": 2, "token_ids": [1, 2]}],
+        "unknown field": [dict(good, extra=1)],
+        "images": [dict(good, images=[{"png": "not bytes", "height": 1, "width": 1}]),
+                   dict(good, images="nope")],
+        "token_ids has length 9, flags has 10": [dict(good, token_ids=good["token_ids"][:36])],
+        "policy_version has length 10.5": [dict(good, policy_version=good["policy_version"] + b"xy")],
+        "turn_rewards for 2 turn ends": [dict(good, turn_rewards=good["turn_rewards"][:4])],
+        "outside loss_mask": [dict(good, flags=bytes(flags))],
+        "flags must be 0, 1 or 3": [dict(good, flags=b"\x07" * 10)],
+        "finite": [dict(good, behaviour_logprobs=np.full(10, np.inf, "<f4").tobytes()),
+                   dict(good, turn_rewards=np.array([1, np.nan], "<f4").tobytes())],
+        "group_size": [dict(good, group_size=-1), dict(good, group_size=1 << 13)],
+        "`int`, got `bool`": [dict(good, seed=True)],
+        "metrics": [dict(good, metrics={"x": "high"})],
+    }
+    for message, msgs in cases.items():
+        for msg in msgs:
+            with pytest.raises(SchemaError, match=message):
+                Trajectory.from_bytes(_packed(msg))
+    for junk in (b"", b"\xc1", _packed(good)[:-3]):
+        with pytest.raises(CodecError, match="malformed"):
+            Trajectory.from_bytes(junk)
 
 
 def test_random_field_corruption_only_ever_raises_schema_error():
     rng = random.Random(0)
-    junk = [None, 1, -1, 1.5, "s", b"b", [], {}, True, np.zeros(3), np.zeros(10, dtype=np.float16),
-            np.zeros(2**21, dtype=np.int32)]
+    junk = [None, 1, -1, 1.5, "s", b"b", [], {}, True, b"\x00" * 10, b"\x03" * 10, b"\x02" * 40,
+            np.zeros(2**21, dtype=np.int32).tobytes(), 2**64 - 1]
     good = _trajectory().to_wire()
     for _ in range(500):
         msg = dict(good)
         for key in rng.sample(sorted(msg), rng.randint(1, 3)):
             msg[key] = rng.choice(junk)
         try:
-            Trajectory.from_wire(msg)
+            Trajectory.from_bytes(_packed(msg))
         except SchemaError:
+            pass
+
+
+def test_random_bytes_only_ever_raise_schema_or_codec_errors():
+    rng = random.Random(1)
+    payload = _trajectory().to_bytes()
+    for _ in range(2000):
+        data = bytearray(payload)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            Trajectory.from_bytes(bytes(data[:rng.randint(0, len(data))]))
+        except (SchemaError, CodecError):
             pass

@@ -80,7 +80,7 @@ def test_a_restarted_actor_takes_over_its_identity(receiver):
 
 
 def test_sender_blocks_when_the_learner_does_not_release():
-    one = len(encode(make_trajectory(length=256).to_wire()))
+    one = len(make_trajectory(length=256).to_bytes())
     rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=3 * one)
     tx = TrajectorySender(rx.address, actor_id=0)
     _settle(rx)
@@ -102,7 +102,7 @@ def test_sender_blocks_when_the_learner_does_not_release():
 
 
 def test_a_sender_started_before_the_learner_gets_one_window_once_it_is_up():
-    one = len(encode(make_trajectory(length=256).to_wire()))
+    one = len(make_trajectory(length=256).to_bytes())
     probe = TrajectoryReceiver("tcp://127.0.0.1:0")
     address = probe.address  # a free port, nobody listening once the probe is closed
     probe.close()
@@ -153,7 +153,7 @@ def test_bytes_in_flight_stay_within_the_window_under_a_slow_learner():
                 held = []
         thread.join(10)
         assert tx.sent == 60
-        message = len(encode(make_trajectory(length=2048).to_wire()))
+        message = len(make_trajectory(length=2048).to_bytes())
         assert window // 2 < peak[0] <= window + message  # the window was used, never exceeded
     finally:
         thread.join(1)
@@ -175,8 +175,8 @@ def test_malformed_messages_are_counted_and_the_receiver_keeps_going(receiver):
         [b"TRAJ", rng.randbytes(300)],
         [b"TRAJ", payload[: len(payload) // 2]],                       # truncated
         [b"TRAJ", encode(dict(good, schema_version=99))],               # wrong schema version
-        [b"TRAJ", encode(dict(good, loss_mask=good["loss_mask"][:5]))],  # mismatched lengths
-        [b"TRAJ", encode(dict(good, token_ids=good["token_ids"].astype(np.float32)))],  # dtype
+        [b"TRAJ", encode(dict(good, flags=good["flags"][:5]))],         # mismatched lengths
+        [b"TRAJ", encode(dict(good, token_ids=np.zeros(64, np.float64)))],  # an array, not bytes
         [b"TRAJ", msgpack.packb({"x": [1, 2, 3]})],
         [b"NOPE", b"x"],
         [b"TRAJ", b"a", b"b"],
@@ -232,4 +232,38 @@ def test_curve_keeps_strangers_out_and_counts_them():
         server.join(timeout=5)
         for sender in (ok, bad, plain):
             sender.close(flush_s=0)
+        rx.close()
+
+
+def test_released_credit_goes_back_in_one_frame_per_actor_at_the_next_poll():
+    """Small releases are summed and sent at the next poll; an eighth of the window goes at once."""
+    window = 8000
+    rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=window)
+    actor = zmq.Context.instance().socket(zmq.DEALER)
+    actor.setsockopt(zmq.IDENTITY, b"actor-5")
+    actor.setsockopt(zmq.LINGER, 0)
+    actor.connect(rx.address)
+
+    def frames_within(seconds):
+        got = []
+        while actor.poll(int(seconds * 1000)):
+            got.append(actor.recv_multipart())
+            seconds = 0.05
+        return got
+
+    try:
+        actor.send_multipart([b"HELLO"])
+        _settle(rx, 0.3)
+        assert frames_within(2.0) == [[b"WINDOW", window.to_bytes(8, "little")]]
+        for n in (100, 200, 300):
+            rx.release("actor-5", n)
+        assert frames_within(0.2) == []  # held back until the receiver polls
+        rx.poll(0)
+        assert frames_within(2.0) == [[b"CREDIT", (600).to_bytes(8, "little")]]
+        rx.release("actor-5", window // 8)  # with nothing pending: sent at once
+        assert frames_within(2.0) == [[b"CREDIT", (window // 8).to_bytes(8, "little")]]
+        rx.poll(0)
+        assert frames_within(0.2) == []  # nothing was left to flush
+    finally:
+        actor.close()
         rx.close()

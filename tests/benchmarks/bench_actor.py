@@ -1,0 +1,188 @@
+"""Benchmark: one inference actor against env latency, and against vLLM alone, in the same run.
+
+Run with `make bench` (or `python -m tests.benchmarks.bench_actor`). One real actor (vLLM's
+AsyncLLM on the random tiny model, a FrozenLake env pool, the ZeroMQ stream to a receiver that
+releases each trajectory at once) plays ``--episodes`` training episodes per row:
+
+- Latency sweep: every env reset and step answers ``--latencies`` seconds late, as a remote
+  simulator's would (envs/service.py's LatencyEnvClient: the wait holds no env worker), for each
+  ``--concurrency`` (episodes in flight, one env slot each). Each row's trajectories/s is
+  compared with the no-latency row of the same concurrency (aim: 0.9 or better at 100 ms).
+- Raw vLLM: the generate calls of the no-latency row of the highest concurrency, replayed on the
+  same engine with no env and no episode logic (same prompts, the same number of tokens each,
+  the same sampling settings, as many in flight): the actor's tokens/s over vLLM's (aim: 0.9).
+
+The random model rarely ends an answer early, so every episode plays its 3 turns of
+``--max-tokens`` tokens: rows differ in the latency and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tests.benchmarks.report import report
+
+MAX_TURNS = 3
+
+
+class Recorder:
+    """The engine, with each generate call's prompt and the number of tokens it returned."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.calls, self.recording = engine, [], False
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt, params, request_id):
+        final = None
+        async for final in self.engine.generate(prompt, params, request_id):
+            yield final
+        if self.recording:
+            self.calls.append((prompt, len(final.outputs[0].token_ids)))
+
+
+class Releaser:
+    """The learner's side of the stream, releasing every trajectory as it arrives."""
+
+    def __init__(self) -> None:
+        from transport.stream import TrajectoryReceiver
+
+        self.receiver = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=64 << 20)
+        self.address, self.count = self.receiver.address, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for actor, _, nbytes in self.receiver.poll(0.05):
+                    self.receiver.release(actor, nbytes)
+                    self.count += 1
+        finally:
+            self.receiver.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+@contextlib.contextmanager
+def actor_rig(model: Path, concurrency: int, max_tokens: int):
+    """A started actor whose env client's latency the caller sets; all of it closed on exit."""
+    from actors.actor import InferenceActor
+    from envs.pool import EnvPool
+    from envs.registry import resolve_config
+    from envs.service import LatencyEnvClient, LocalEnvClient
+
+    config = resolve_config("frozenlake", {"max_turns": MAX_TURNS})
+    pool = EnvPool(("frozenlake", config), num_workers=1, envs_per_worker=concurrency)
+    releaser = Releaser()
+    loop = asyncio.new_event_loop()
+    env = LatencyEnvClient(LocalEnvClient(pool), 0.0)
+    actor = InferenceActor({
+        "actor_id": 0, "run_id": "bench", "model_path": str(model), "env_name": "frozenlake",
+        "env_config": config, "env_workers": 1, "envs_per_worker": concurrency,
+        "concurrency": concurrency, "group_size": 4, "temperature": 1.0,
+        "max_tokens": max_tokens, "max_turns": MAX_TURNS, "max_context": 2048,
+        "kv_cache_bytes": 256 << 20, "learner_address": releaser.address,
+    }, env=env)
+    try:
+        loop.run_until_complete(actor.start())
+        actor.engine = Recorder(actor.engine)
+        yield loop, actor, env
+    finally:
+        try:
+            loop.run_until_complete(actor.close())
+        finally:
+            loop.close()
+            releaser.close()
+            pool.close()
+
+
+def play(loop, actor, episodes: int) -> tuple[float, float]:
+    """(trajectories/s, generated tokens/s) of ``episodes`` training episodes."""
+    before = loop.run_until_complete(actor.stats())
+    t0 = time.perf_counter()
+    after = loop.run_until_complete(actor.run(num_episodes=episodes))
+    dt = time.perf_counter() - t0
+    done = after["episodes_done"] - before["episodes_done"]
+    return done / dt, (after["tokens_generated"] - before["tokens_generated"]) / dt
+
+
+def replay(loop, engine, calls: list, concurrency: int) -> float:
+    """vLLM alone: ``calls`` (prompt, tokens) with ``concurrency`` in flight; tokens/s."""
+    from actors.engine import sampling_params
+
+    queue = list(reversed(calls))
+
+    async def worker(k: int) -> int:
+        tokens = 0
+        while queue:
+            prompt, n = queue.pop()
+            params = sampling_params(temperature=1.0, top_p=1.0, detokenize=False, max_tokens=n,
+                                     min_tokens=n, ignore_eos=True, logprobs=0)
+            async for final in engine.generate(prompt, params, f"raw-{k}-{len(queue)}"):
+                pass
+            tokens += len(final.outputs[0].token_ids)
+        return tokens
+
+    async def run() -> int:
+        return sum(await asyncio.gather(*(worker(k) for k in range(concurrency))))
+
+    t0 = time.perf_counter()
+    tokens = loop.run_until_complete(run())
+    return tokens / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--episodes", type=int, default=96, help="episodes a row")
+    p.add_argument("--latencies", default="0,0.01,0.05,0.1,0.3", help="seconds, comma-separated")
+    p.add_argument("--concurrency", default="16,64", help="episodes in flight, comma-separated")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens an answer")
+    p.add_argument("--json", help="also save the rows here")
+    a = p.parse_args()
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    from launch.tiny_model import build_tiny_model
+
+    latencies = [float(x) for x in a.latencies.split(",")]
+    concurrencies = [int(x) for x in a.concurrency.split(",")]
+    rows, raw_row = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_tiny_model(Path(tmp) / "model", seed=0)
+        for c in concurrencies:
+            with actor_rig(model, c, a.max_tokens) as (loop, actor, env):
+                play(loop, actor, c)  # warm-up: the engine's first batches
+                base = None
+                for latency in latencies:
+                    env.latency_s = latency
+                    recording = latency == 0 and c == max(concurrencies)
+                    actor.engine.recording = recording
+                    traj_s, tok_s = play(loop, actor, a.episodes)
+                    actor.engine.recording = False
+                    base = base or traj_s
+                    rows.append({"in flight": c, "env latency s": latency,
+                                 "traj/s": f"{traj_s:.2f}", "tokens/s": f"{tok_s:,.0f}",
+                                 "vs no latency": f"{traj_s / base:.2f}"})
+                    if recording:
+                        raw = replay(loop, actor.engine.engine, actor.engine.calls, c)
+                        raw_row = {"in flight": c, "calls": len(actor.engine.calls),
+                                   "actor tokens/s": f"{tok_s:,.0f}", "vLLM tokens/s": f"{raw:,.0f}",
+                                   "actor / vLLM": f"{tok_s / raw:.2f}"}
+    report(rows, a.json)
+    if raw_row is not None:
+        print()
+        report([raw_row])
+
+
+if __name__ == "__main__":
+    main()
