@@ -101,19 +101,24 @@ class Trajectory:
     def to_bytes(self) -> bytes:
         """The trajectory as typed msgpack (the module docstring's layout)."""
         try:
-            return _ENCODER.encode(self.to_wire())
+            return _ENCODER.encode(self._wire_fields())
         except (TypeError, msgspec.EncodeError) as e:
             raise CodecError(f"cannot encode the trajectory: {e}") from None
 
     def to_wire(self) -> dict[str, Any]:
-        """The fields as msgpack-ready builtins, the arrays as their wire bytes."""
+        """The fields as msgpack-ready builtins, the arrays as their wire bytes (for tools and
+        tests; ``to_bytes`` packs the same without copying the arrays first)."""
+        return {k: v.tobytes() if isinstance(v, memoryview) else v
+                for k, v in self._wire_fields().items()}
+
+    def _wire_fields(self) -> dict[str, Any]:
         flags = self.loss_mask.view(np.uint8) | (self.turn_end.view(np.uint8) << 1)
         out = {name: getattr(self, name) for name in _SCALARS}
         out.update(
-            token_ids=_le_bytes(self.token_ids, "<i4"), flags=flags.tobytes(),
-            behaviour_logprobs=_le_bytes(self.behaviour_logprobs, "<f4"),
-            policy_version=_le_bytes(self.policy_version, "<i4"),
-            turn_rewards=_le_bytes(self.turn_rewards, "<f4"),
+            token_ids=_le(self.token_ids, "<i4"), flags=memoryview(flags),
+            behaviour_logprobs=_le(self.behaviour_logprobs, "<f4"),
+            policy_version=_le(self.policy_version, "<i4"),
+            turn_rewards=_le(self.turn_rewards, "<f4"),
             images=[vars(img).copy() for img in self.images], metrics=dict(self.metrics),
         )
         return out
@@ -220,8 +225,9 @@ def _version_error(payload: Any) -> str | None:
     return f"schema_version {version!r:.40}, expected {SCHEMA_VERSION}"
 
 
-def _le_bytes(arr: np.ndarray, dtype: str) -> bytes:
-    return np.ascontiguousarray(arr, dtype=dtype).tobytes()
+def _le(arr: np.ndarray, dtype: str) -> memoryview:
+    """The array's wire bytes (a view where it is contiguous and of that dtype already)."""
+    return memoryview(np.ascontiguousarray(arr, dtype=dtype)).cast("B")
 
 
 _ARRAYS = {

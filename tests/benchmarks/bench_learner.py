@@ -1,5 +1,5 @@
 """Benchmark: one learner step of the default job's shape, whole mini-batch vs length-sorted
-micro-batches.
+micro-batches, and each against the plain transformers passes over the same tokens.
 
 Run with `make bench` (or `python -m tests.benchmarks.bench_learner`). One process, a gloo group
 of one, the tiny model and the default job's algorithm group (``launch.train.compose``: vagen_full,
@@ -9,11 +9,19 @@ turn, mistakes; real token sequences, 1 to 3 turns, so lengths vary as in RL). T
 ``micro_batch_size`` 0: every forward as wide as the longest episode. One thread by default, as
 the default job's learner has (a core of its own). Prints a Markdown table; `--json PATH` saves
 it.
+
+The plain baseline (``plain_step``) runs, on unwrapped Hugging Face models (no FSDP) and the
+exact micro-batch tensors the trainer cut, only the passes a step cannot do without: the
+no-grad forwards of the policy (proximal log-probs), the critic (values) and the reference, then
+per micro-batch the policy's forward and backward of the sampled tokens' log-probs and the
+critic's of its values; the AdamW steps are timed apart. The step over the baseline is the
+learner's overhead: FSDP's hooks, the losses, the advantages, the metrics.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 import tempfile
 import time
@@ -36,6 +44,75 @@ def _batch(cfg, model_dir: Path, n: int):
                                range(n), action_noise=ws.action_noise, rng_seed=0,
                                actions_per_turn=ws.actions_per_turn, mistake=ws.mistake,
                                reasoning=ws.reasoning)
+
+
+def _cuts(trainer, trajectories) -> tuple[list, list]:
+    """The token tensors the trainer's step computes on: (prepare chunks, update micro-batches)."""
+    from learner.batch import collate
+    from learner.rows import longest_first, split_rows, take_rows
+
+    cfg = trainer.cfg
+    batch = collate(trajectories, multi_turn_reward=cfg.multi_turn_reward, pad_id=trainer.pad_id)
+    lengths = torch.tensor([len(t.token_ids) for t in trajectories])
+    index = trainer._my_rows(len(trajectories))
+    if cfg.micro_batch_size:
+        index = longest_first(index, lengths, cfg.num_minibatches)
+    rows = take_rows(batch, lengths, index, trainer.pad_id, "cpu")
+    n = rows.batch.token_ids.shape[0]
+    prepare = [rows.select(part).batch.token_ids for part in trainer._chunks(n)]
+    update = [[rows.select(part).batch.token_ids for part in trainer._chunks(mb.stop - mb.start, mb.start)]
+              for mb in split_rows(n, cfg.num_minibatches)]
+    return prepare, update
+
+
+def plain_step(model_dir: Path, prepare: list, update: list, epochs: int, temperature: float,
+               repeats: int, critic: bool, ref: bool) -> tuple[float, float]:
+    """(best seconds of the plain passes, best seconds of the AdamW steps) over ``repeats``;
+    ``critic`` / ``ref``: the trainer has that model."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    from learner.models import ValueModel, load_model
+
+    policy = load_model(AutoModelForCausalLM, str(model_dir))
+    ref = load_model(AutoModelForCausalLM, str(model_dir)).requires_grad_(False) if ref else None
+    critic = ValueModel(load_model(AutoModel, str(model_dir)), seed=0).eval() if critic else None
+    optims = [torch.optim.AdamW(m.parameters(), lr=1e-6) for m in (policy, critic) if m is not None]
+
+    def logp(model, ids):
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature
+        return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])
+
+    def passes() -> float:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for ids in prepare:
+                logp(policy, ids)
+                if critic is not None:
+                    critic(ids)
+                if ref is not None:
+                    logp(ref, ids)
+        for _ in range(epochs):
+            for micro in update:
+                for ids in micro:
+                    logp(policy, ids).sum().backward()
+                    if critic is not None:
+                        critic(ids).sum().backward()
+        return time.perf_counter() - t0
+
+    def steps() -> float:
+        t0 = time.perf_counter()
+        for optim in optims:
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    passes()
+    steps()  # warm-up, and the optimizers' state exists from here on
+    best_passes, best_steps = math.inf, math.inf
+    for _ in range(repeats):
+        best_passes = min(best_passes, passes())
+        best_steps = min(best_steps, steps() * epochs * len(update))
+    return best_passes, best_steps
 
 
 def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) -> list[dict]:
@@ -64,15 +141,26 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) 
                 trainer = Trainer(TrainerConfig.from_dict(
                     {"model_path": str(model), **algo, "micro_batch_size": micro}))
                 trainer.train_step(batch, version=0)  # warm-up
-                times, padding = [], 0.0
+                times, prepare_s, padding = [], [], 0.0
                 for _ in range(repeats):
                     t0 = time.perf_counter()
-                    padding = trainer.train_step(batch, version=0)["learner/padding"]
+                    out = trainer.train_step(batch, version=0)
                     times.append(time.perf_counter() - t0)
+                    padding = out["learner/padding"]
+                    prepare_s.append(out["timing/prepare_s"])
                 best = min(times)
                 base = base or best
+                cuts, epochs, temperature = _cuts(trainer, batch), trainer.cfg.epochs, trainer.cfg.temperature
+                has = {"critic": trainer.critic is not None, "ref": trainer.ref is not None}
+                del trainer
+                plain, optim = plain_step(model, *cuts, epochs=epochs, temperature=temperature,
+                                          repeats=repeats, **has)
                 rows.append({"micro_batch_size": micro or "whole", "step_s": round(best, 2),
-                             "padding": round(padding, 3), "speed_vs_whole": f"{base / best:.2f}x"})
+                             "padding": round(padding, 3), "speed_vs_whole": f"{base / best:.2f}x",
+                             "prepare_s": round(min(prepare_s), 2), "plain_passes_s": round(plain, 2),
+                             "adamw_s": round(optim, 2),
+                             "step / (plain + adamw)": f"{best / (plain + optim):.2f}x",
+                             "step / plain": f"{best / plain:.2f}x"})
     finally:
         dist.destroy_process_group()
     return rows

@@ -77,6 +77,25 @@ def run(overrides: list[str]) -> dict:
     }
 
 
+def overlap_bound(unbound: dict, bound: dict, asyn: dict) -> dict:
+    """The best async/sync ratio two cores allow, from the sync runs' phase times, and how much
+    of it the async run reached. A sync step is rollout + train + push; with both cores per phase
+    ("sync, unbound") that is the best synchronous step. With a core each ("sync") the phases
+    take R1 and T1 + P1; overlapped perfectly an async step takes max(R1, T1 + P1)."""
+    def phases(r: dict) -> tuple[float, float]:
+        rollout = r["s_per_step"] - r["learner_train_s"] - r["push_s"] - r["learner_wait_s"]
+        return rollout, r["learner_train_s"] + r["push_s"]
+
+    r2, t2 = phases(unbound)
+    r1, t1 = phases(bound)
+    best = (r2 + t2) / max(r1, t1)
+    reached = asyn["traj_per_s"] / unbound["traj_per_s"]
+    return {"rollout s, 2 cores": f"{r2:.2f}", "train + push s, 2 cores": f"{t2:.2f}",
+            "rollout s, 1 core": f"{r1:.2f}", "train + push s, 1 core": f"{t1:.2f}",
+            "best async / sync": f"{best:.2f}x", "async / sync": f"{reached:.2f}x",
+            "of the best": f"{reached / best:.2f}"}
+
+
 def _row(name: str, r: dict, base: dict) -> dict:
     return {"run": name, "traj/s": f"{r['traj_per_s']:.2f}",
             "vs sync, unbound": f"{r['traj_per_s'] / base['traj_per_s']:.2f}x",
@@ -112,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
                 ("async", run([*base, "train.mode=async"])))
         out["mode"] = [_row(name, r, sync) for name, r in runs]
         report(out["mode"])
+        out["overlap"] = [overlap_bound(sync, runs[1][1], runs[3][1])]
+        print()
+        report(out["overlap"])
     if "latency" in parts:
         out["latency"] = []
         for latency in (float(x) for x in a.latencies.split(",")):
