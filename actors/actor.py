@@ -164,7 +164,8 @@ class InferenceActor(WeightUpdates):
     def _build_pool(self) -> EnvPool:
         return EnvPool((self.cfg.env_name, resolve_config(self.cfg.env_name, self.cfg.env_config)),
                        num_workers=self.cfg.env_workers, envs_per_worker=self.cfg.envs_per_worker,
-                       step_timeout_s=self.cfg.step_timeout_s, reset_timeout_s=self.cfg.reset_timeout_s)
+                       step_timeout_s=self.cfg.step_timeout_s, reset_timeout_s=self.cfg.reset_timeout_s,
+                       start_timeout_s=self.cfg.start_timeout_s)
 
     async def _check_remote_slots(self) -> None:
         have = (await self.env.ping())["num_slots"]

@@ -35,6 +35,8 @@ class ActorConfig:
     """A batch of env steps taking longer ends those episodes (envs/pool.py)."""
     reset_timeout_s: float = 30.0
     """The same for a batch of resets."""
+    start_timeout_s: float = 120.0
+    """An env worker that has not built its envs by then failed to start (envs/pool.py)."""
     env_address: str | None = None
     """tcp://host:port of an env service (python -m envs.main) instead of an in-process pool."""
     env_slot_offset: int = 0

@@ -20,9 +20,12 @@ class EnvPoolConfig:
     """A batch of env steps taking longer ends those episodes (the worker is replaced)."""
     reset_timeout_s: float = 30.0
     """The same for a batch of resets."""
+    start_timeout_s: float = 120.0
+    """A worker process that has not built its envs by then failed to start (simulators on a
+    busy host take long: 8 ManiSkill scenes in one worker took over 60 s on 2 busy cores)."""
 
     def __post_init__(self) -> None:
         if min(self.env_workers, self.envs_per_worker) < 1:
             raise ValueError("env_workers and envs_per_worker must be >= 1")
-        if min(self.step_timeout_s, self.reset_timeout_s) <= 0:
-            raise ValueError("step_timeout_s and reset_timeout_s must be > 0")
+        if min(self.step_timeout_s, self.reset_timeout_s, self.start_timeout_s) <= 0:
+            raise ValueError("step_timeout_s, reset_timeout_s and start_timeout_s must be > 0")

@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     pool_cfg = EnvPoolConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EnvPoolConfig)})
     with EnvPool((args.env, config), num_workers=pool_cfg.env_workers,
                  envs_per_worker=pool_cfg.envs_per_worker, step_timeout_s=pool_cfg.step_timeout_s,
-                 reset_timeout_s=pool_cfg.reset_timeout_s) as pool:
+                 reset_timeout_s=pool_cfg.reset_timeout_s,
+                 start_timeout_s=pool_cfg.start_timeout_s) as pool:
         asyncio.run(serve(pool, args.bind, args.curve, args.latency_s))
 
 

@@ -15,6 +15,10 @@ Invariants:
   timeout -> ``"timeout"``. A dead or hung worker is SIGKILLed by pid (only processes this pool
   started) and replaced before the call returns. Its other active episodes end too: their next
   step or state_text returns the same failure, after which the slot needs a reset.
+- A replacement that does not start (its envs fail to build, or take longer than
+  ``start_timeout_s``) leaves the worker down, counted in ``worker_start_failures``: calls on
+  its slots return ``EpisodeFailure("worker_down")`` and the next call touching it tries again
+  (at most once every ``start_timeout_s``). Only the pool's first start raises.
 - Stepping a slot without an episode (never reset, or after its failure was reported) returns
   ``EpisodeFailure("no_episode")`` without touching the worker.
 
@@ -44,12 +48,14 @@ from envs.worker import MAX_PIPE_BYTES, EnvFactory, worker_main
 from transport.codec import CodecError, decode, encode
 
 STATS = ("resets", "steps", "env_errors", "timeouts", "worker_crashes", "worker_restarts",
-         "failed_episodes")
+         "worker_start_failures", "failed_episodes")
 """resets/steps: successful ones; env_errors: env exceptions; timeouts / worker_crashes: workers
-killed for hanging / found dead; worker_restarts: replacements started; failed_episodes: episodes
+killed for hanging / found dead; worker_restarts: replacements started; worker_start_failures:
+replacements that did not start (the worker stays down until one does); failed_episodes: episodes
 (or requested resets) that ended in an EpisodeFailure, counted once when they fail."""
 ACTIVE = "active"
 WORKER_CRASHED, TIMEOUT, NO_EPISODE = "worker_crashed", "timeout", "no_episode"
+WORKER_DOWN = "worker_down"
 
 
 class EnvPoolError(RuntimeError):
@@ -67,7 +73,7 @@ class EnvPool:
 
     def __init__(self, factory: EnvFactory, *, num_workers: int, envs_per_worker: int,
                  step_timeout_s: float = 30.0, reset_timeout_s: float = 30.0,
-                 start_timeout_s: float = 60.0, start_method: str = "forkserver") -> None:
+                 start_timeout_s: float = 120.0, start_method: str = "forkserver") -> None:
         if num_workers < 1 or envs_per_worker < 1:
             raise ValueError("num_workers and envs_per_worker must be >= 1")
         self.factory = (factory[0], dict(factory[1]))
@@ -83,6 +89,8 @@ class EnvPool:
         self._stats = dict.fromkeys(STATS, 0)
         self._episode: list[str | None] = [None] * self.num_slots  # ACTIVE, None, or a lost reason
         self._workers: list[_Worker] = []
+        self._down: dict[int, float] = {}
+        """Workers whose replacement did not start: the time of the last try."""
         self._closed = False
         try:
             for _ in range(num_workers):  # start them all, then wait: they start in parallel
@@ -145,6 +153,11 @@ class EnvPool:
         requests = {}  # encode them all before sending any: an error then leaves no reply unread
         for w, idxs in groups.items():
             idxs = [i for i in idxs if results[i] is None]
+            if idxs and w in self._down and not self._retry(w):
+                self._fill(results, idxs, EpisodeFailure(WORKER_DOWN))
+                if op == "reset":
+                    self._count("failed_episodes", len(idxs))
+                continue
             if idxs:
                 requests[w] = idxs, encode({"op": op, "envs": [slots[i] % self.envs_per_worker for i in idxs],
                                             "args": [args[i] for i in idxs]})
@@ -254,13 +267,29 @@ class EnvPool:
         if "init_error" in msg:
             raise EnvPoolError(f"env factory {self.factory[0]!r} failed: {msg['init_error']}")
 
-    def _replace(self, w: int) -> None:
+    def _replace(self, w: int) -> bool:
+        """Stop worker w and start another; False (the worker is down) if it does not start."""
         _stop(self._workers[w], grace_s=0.0)
         if self._closed:
-            return
+            return False
         self._workers[w] = self._spawn()
         self._count("worker_restarts")
-        self._await_ready(self._workers[w])
+        try:
+            self._await_ready(self._workers[w])
+        except EnvPoolError:
+            _stop(self._workers[w], grace_s=0.0)
+            self._count("worker_start_failures")
+            self._down[w] = time.monotonic()
+            return False
+        self._down.pop(w, None)
+        return True
+
+    def _retry(self, w: int) -> bool:
+        """A down worker: try to start it again once ``start_timeout_s`` has passed since the
+        last try. True if it is up."""
+        if time.monotonic() - self._down[w] < self.start_timeout_s:
+            return False
+        return self._replace(w)
 
     def close(self) -> None:
         """Stop every worker: ask politely, then SIGKILL whoever is still there after 1 s."""

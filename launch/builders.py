@@ -70,6 +70,7 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
         "env_name": cfg.env_name, "env_config": env_config(cfg),
         "env_workers": ac.env_workers, "envs_per_worker": ac.envs_per_worker,
         "step_timeout_s": ac.step_timeout_s, "reset_timeout_s": ac.reset_timeout_s,
+        "start_timeout_s": ac.start_timeout_s,
         "env_address": ac.env_address, "env_curve": ac.env_curve, "env_latency_s": ac.env_latency_s,
         # actors sharing one env service take disjoint slot ranges of it
         "env_slot_offset": index * ac.env_workers * ac.envs_per_worker if ac.env_address else 0,

@@ -107,6 +107,14 @@ def assert_same(a, b) -> None:
     assert all(np.array_equal(x, y) and x.dtype == y.dtype for x, y in zip(obs_a.images, obs_b.images))
 
 
+def flaky_factory(block: str, **config) -> CounterEnv:
+    """A CounterEnv, or a start-up error while the file ``block`` exists (a simulator that cannot
+    start for a while)."""
+    if os.path.exists(block):
+        raise RuntimeError("the simulator cannot start")
+    return CounterEnv(**config)
+
+
 def failing_factory(**config) -> CounterEnv:
     """An env factory that cannot build its env (a config error)."""
     raise ValueError("no such env")

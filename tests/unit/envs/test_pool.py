@@ -83,7 +83,8 @@ def test_env_error_fails_the_slot_and_the_worker_lives():
         assert failure.reason.startswith("env_error: CodecError: cannot encode object")
         assert pool.worker_pids() == pids
         assert pool.stats() == {"resets": 4, "steps": 4, "env_errors": 3, "timeouts": 0,
-                                "worker_crashes": 0, "worker_restarts": 0, "failed_episodes": 3}
+                                "worker_crashes": 0, "worker_restarts": 0,
+                                "worker_start_failures": 0, "failed_episodes": 3}
 
 
 def test_killed_worker_is_replaced_and_its_episodes_fail():
@@ -157,6 +158,32 @@ def test_close_leaves_no_process_behind():
     with pytest.raises(EnvPoolError):
         pool.step([0], ["a"])
     pool.close()  # idempotent
+
+
+def test_a_replacement_that_cannot_start_leaves_the_worker_down_until_one_can(tmp_path):
+    """The replacement of a killed worker fails to build its envs: its slots fail with
+    worker_down and nothing raises; once start_timeout_s has passed and the envs can be built
+    again, the next call brings the worker back. The other worker serves all along."""
+    block = tmp_path / "block"
+    with _pool("flaky_factory", {"block": str(block)}, start_timeout_s=1.0) as pool:
+        pool.reset([0, 1, 2, 3], [0, 1, 2, 3])
+        block.touch()
+        dead = pool.worker_pids()[0]
+        os.kill(dead, signal.SIGKILL)
+        out = pool.step([0, 1, 2, 3], ["a"] * 4)
+        assert out[:2] == [EpisodeFailure("worker_crashed")] * 2
+        assert [r.observation.text for r in out[2:]] == ["value=3", "value=4"]
+        assert pool.reset([0, 2], [7, 8])[0] == EpisodeFailure("worker_down")
+        assert pool.system_prompt(1) == EpisodeFailure("worker_down")
+        assert pool.stats()["worker_start_failures"] == 1  # no second try within start_timeout_s
+        block.unlink()
+        time.sleep(1.1)
+        assert [r.text for r in pool.reset([0, 1], [7, 8])] == ["value=7", "value=8"]
+        assert pool.step([1], ["bb"])[0].observation.text == "value=10"
+        stats = pool.stats()
+        assert (stats["worker_crashes"], stats["worker_restarts"], stats["worker_start_failures"],
+                stats["failed_episodes"]) == (1, 2, 1, 3)
+    assert _gone(dead)
 
 
 def test_factory_error_raises_at_start():
