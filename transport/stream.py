@@ -173,14 +173,16 @@ class TrajectoryReceiver:
         out: list[tuple[str, Trajectory, int]] = []
         if not self._socket.poll(int(timeout_s * 1000), zmq.POLLIN):
             return out
-        recv = self._socket.recv_multipart
+        sock = self._socket
         while len(out) < max_messages:
             try:  # what is queued is read without a poll a message
-                frames = recv(zmq.NOBLOCK, copy=False)
+                actor = sock.recv(zmq.NOBLOCK).decode("utf-8", "replace")
             except zmq.Again:
                 break
-            actor = frames[0].bytes.decode("utf-8", "replace")
-            item = self._handle(actor, frames[1:])
+            frames = []  # the rest of the message: short ones as bytes, the payload in place
+            while sock.getsockopt(zmq.RCVMORE):
+                frames.append(sock.recv(copy=not frames or frames[0] != TRAJ))
+            item = self._handle(actor, frames)
             if item is not None:
                 out.append(item)
         return out
@@ -213,13 +215,13 @@ class TrajectoryReceiver:
         self._socket.close()
 
     def _handle(self, actor: str, frames: list) -> tuple[str, Trajectory, int] | None:
-        kind = frames[0].bytes if frames else b""
+        kind = frames[0] if frames else b""
         if kind == HELLO and len(frames) == 1:
             self._grant(actor, self.window_bytes, WINDOW)
             return None
         if kind != TRAJ or len(frames) != 2:
             return self._reject("frame", actor, 0, f"unexpected frames from {actor!r}")
-        payload = frames[1].buffer
+        payload = frames[1].buffer  # zero-copy: the trajectory's arrays are views of it
         try:
             trajectory = decode_trajectory(payload, actor, self.max_message_bytes)
         except Rejected as r:

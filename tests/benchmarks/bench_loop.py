@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--latencies", default="0,0.01,0.05,0.1,0.3",
                    help="env latencies (s) of the async vs sync sweep")
+    p.add_argument("--latency-concurrency", type=int, default=32,
+                   help="episodes in flight (and env slots) per actor in the latency sweep")
     p.add_argument("--delay", type=float, default=0.1, help="env latency of the actor scaling runs")
     p.add_argument("--actors", default="1,2,4")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -137,10 +139,12 @@ def main(argv: list[str] | None = None) -> None:
     if "latency" in parts:
         out["latency"] = []
         for latency in (float(x) for x in a.latencies.split(",")):
-            lat = f"actors.env_latency_s={latency}"
-            sync, asyn = run([*base, "train.mode=sync", lat]), run([*base, "train.mode=async", lat])
+            c = a.latency_concurrency
+            lat = [f"actors.env_latency_s={latency}", f"actors.concurrency={c}",
+                   f"actors.envs_per_worker={c}"]
+            sync, asyn = run([*base, "train.mode=sync", *lat]), run([*base, "train.mode=async", *lat])
             out["latency"].append({
-                "env latency s": latency, "sync traj/s": f"{sync['traj_per_s']:.2f}",
+                "env latency s": latency, "in flight": c, "sync traj/s": f"{sync['traj_per_s']:.2f}",
                 "async traj/s": f"{asyn['traj_per_s']:.2f}",
                 "async / sync": f"{asyn['traj_per_s'] / sync['traj_per_s']:.2f}x",
                 "sync s/step": f"{sync['s_per_step']:.2f}", "async s/step": f"{asyn['s_per_step']:.2f}",
