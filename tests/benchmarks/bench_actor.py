@@ -8,9 +8,11 @@ releases each trajectory at once) plays ``--episodes`` training episodes per row
   simulator's would (envs/service.py's LatencyEnvClient: the wait holds no env worker), for each
   ``--concurrency`` (episodes in flight, one env slot each). Each row's trajectories/s is
   compared with the no-latency row of the same concurrency (aim: 0.9 or better at 100 ms).
-- Raw vLLM: the generate calls of the no-latency row of the highest concurrency, replayed on the
-  same engine with no env and no episode logic (same prompts, the same number of tokens each,
-  the same sampling settings, as many in flight): the actor's tokens/s over vLLM's (aim: 0.9).
+- Raw vLLM: the episodes of the no-latency row of the highest concurrency, replayed on the same
+  engine with no env and no episode logic: as many episodes in flight, each turn's prompt the
+  previous one plus the answer just generated plus the env's tokens as the actor recorded them
+  (the prefix cache, emptied first, then sees what it saw for the actor), the same number of
+  tokens an answer, the same sampling settings. The actor's tokens/s over vLLM's (aim: 0.9).
 
 The random model rarely ends an answer early, so every episode plays its 3 turns of
 ``--max-tokens`` tokens: rows differ in the latency and nothing else.
@@ -76,13 +78,16 @@ class Releaser:
 
 
 @contextlib.contextmanager
-def actor_rig(model: Path, concurrency: int, max_tokens: int):
+def actor_rig(model: Path, concurrency: int, max_tokens: int, cores: tuple[int, ...]):
     """A started actor whose env client's latency the caller sets; all of it closed on exit."""
     from actors.actor import InferenceActor
     from envs.pool import EnvPool
     from envs.registry import resolve_config
     from envs.service import LatencyEnvClient, LocalEnvClient
 
+    from transport.cores import bind_cores
+
+    bind_cores(cores)  # before the env workers start: they inherit it, as the actor's do
     config = resolve_config("frozenlake", {"max_turns": MAX_TURNS})
     pool = EnvPool(("frozenlake", config), num_workers=1, envs_per_worker=concurrency)
     releaser = Releaser()
@@ -93,7 +98,7 @@ def actor_rig(model: Path, concurrency: int, max_tokens: int):
         "env_config": config, "env_workers": 1, "envs_per_worker": concurrency,
         "concurrency": concurrency, "group_size": 4, "temperature": 1.0,
         "max_tokens": max_tokens, "max_turns": MAX_TURNS, "max_context": 2048,
-        "kv_cache_bytes": 256 << 20, "learner_address": releaser.address,
+        "kv_cache_bytes": 256 << 20, "learner_address": releaser.address, "cores": cores,
     }, env=env)
     try:
         loop.run_until_complete(actor.start())
@@ -118,24 +123,50 @@ def play(loop, actor, episodes: int) -> tuple[float, float]:
     return done / dt, (after["tokens_generated"] - before["tokens_generated"]) / dt
 
 
+def episodes_of(calls: list) -> list[list[tuple[list[int], int, list[int]]]]:
+    """The recorded calls as episodes: each a list of (prompt ids, tokens generated, the tokens
+    the env added after that answer). A call continues the episode whose last prompt plus its
+    answer's length prefixes it."""
+    chains: list[list] = []
+    for prompt, n in calls:
+        ids = list(prompt["prompt_token_ids"])
+        for chain in chains:
+            last, last_n = chain[-1][0], chain[-1][1]
+            if len(ids) > len(last) + last_n and ids[:len(last)] == last:
+                chain.append((ids, n))
+                break
+        else:
+            chains.append([(ids, n)])
+    return [[(ids, n, nxt[0][len(ids) + n:] if nxt else [])
+             for (ids, n), nxt in zip(chain, [[c] for c in chain[1:]] + [None])] for chain in chains]
+
+
 def replay(loop, engine, calls: list, concurrency: int) -> float:
-    """vLLM alone: ``calls`` (prompt, tokens) with ``concurrency`` in flight; tokens/s."""
+    """vLLM alone: the recorded episodes' turns with ``concurrency`` episodes in flight, each
+    turn's prompt the last one plus the answer just generated plus the env's tokens as recorded
+    (so the prefix cache sees what it saw for the actor); generated tokens/s."""
     from actors.engine import sampling_params
 
-    queue = list(reversed(calls))
+    queue = list(reversed(episodes_of(calls)))
 
     async def worker(k: int) -> int:
         tokens = 0
         while queue:
-            prompt, n = queue.pop()
-            params = sampling_params(temperature=1.0, top_p=1.0, detokenize=False, max_tokens=n,
-                                     min_tokens=n, ignore_eos=True, logprobs=0)
-            async for final in engine.generate(prompt, params, f"raw-{k}-{len(queue)}"):
-                pass
-            tokens += len(final.outputs[0].token_ids)
+            episode, context = queue.pop(), None
+            for turn, (ids, n, env_tokens) in enumerate(episode):
+                context = ids if context is None else context
+                params = sampling_params(temperature=1.0, top_p=1.0, detokenize=False,
+                                         max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=0)
+                rid = f"raw-{k}-{len(queue)}-{turn}"
+                async for final in engine.generate({"prompt_token_ids": context}, params, rid):
+                    pass
+                answer = list(final.outputs[0].token_ids)
+                tokens += len(answer)
+                context = context + answer + list(env_tokens)
         return tokens
 
     async def run() -> int:
+        await engine.reset_prefix_cache()  # the actor's prompts are not cached ahead of the replay
         return sum(await asyncio.gather(*(worker(k) for k in range(concurrency))))
 
     t0 = time.perf_counter()
@@ -149,6 +180,9 @@ def main() -> None:
     p.add_argument("--latencies", default="0,0.01,0.05,0.1,0.3", help="seconds, comma-separated")
     p.add_argument("--concurrency", default="16,64", help="episodes in flight, comma-separated")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens an answer")
+    p.add_argument("--cores", default="1",
+                   help="cores of the actor, its engine and env workers, as the default job binds "
+                        "an actor to a core of its own (comma-separated; empty: unbound)")
     p.add_argument("--json", help="also save the rows here")
     a = p.parse_args()
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -156,11 +190,12 @@ def main() -> None:
 
     latencies = [float(x) for x in a.latencies.split(",")]
     concurrencies = [int(x) for x in a.concurrency.split(",")]
+    cores = tuple(int(x) for x in a.cores.split(",") if x)
     rows, raw_row = [], None
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "model", seed=0)
         for c in concurrencies:
-            with actor_rig(model, c, a.max_tokens) as (loop, actor, env):
+            with actor_rig(model, c, a.max_tokens, cores) as (loop, actor, env):
                 play(loop, actor, c)  # warm-up: the engine's first batches
                 base = None
                 for latency in latencies:
@@ -175,7 +210,8 @@ def main() -> None:
                                  "vs no latency": f"{traj_s / base:.2f}"})
                     if recording:
                         raw = replay(loop, actor.engine.engine, actor.engine.calls, c)
-                        raw_row = {"in flight": c, "calls": len(actor.engine.calls),
+                        raw_row = {"in flight": c, "turns": len(actor.engine.calls),
+                                   "episodes": len(episodes_of(actor.engine.calls)),
                                    "actor tokens/s": f"{tok_s:,.0f}", "vLLM tokens/s": f"{raw:,.0f}",
                                    "actor / vLLM": f"{tok_s / raw:.2f}"}
     report(rows, a.json)
