@@ -52,97 +52,66 @@ def _raw_actor(address: str, length: int, n: int, received) -> None:
     sock.close()
 
 
-def run_ours(length: int, n: int) -> float:
-    rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=32 << 20)
+class _OurEnd:
+    """The learner's end: our receiver; a message counts once decoded, checked and released."""
+
+    def __init__(self) -> None:
+        self.rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=32 << 20)
+        self.address = self.rx.address
+
+    def receive(self) -> int:
+        items = self.rx.poll(1.0)
+        for actor, _, size in items:
+            self.rx.release(actor, size)
+        return len(items)
+
+    def close(self) -> None:
+        self.rx.close()
+
+
+class _RawEnd:
+    """The learner's end: a plain ROUTER; it grants an unbounded window to a HELLO (our sender
+    asks for one), so every other message counts."""
+
+    def __init__(self, *, copy: bool = True) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.RCVTIMEO, 120_000)
+        self.address = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.copy = copy
+
+    def receive(self) -> int:
+        frames = self.sock.recv_multipart(copy=self.copy)
+        if len(frames) == 2 and bytes(frames[1]) == b"HELLO":
+            self.sock.send_multipart([frames[0], b"WINDOW", (1 << 40).to_bytes(8, "little")])
+            return 0
+        return 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def run(actor, end, length: int, n: int) -> float:
+    """Messages/s of ``n`` trajectories from ``actor`` (a process) into ``end``; the first
+    message starts the clock."""
     ctx = mp.get_context("spawn")
     received = ctx.Event()
-    proc = ctx.Process(target=_ours_actor, args=(rx.address, length, n, received))
+    proc = ctx.Process(target=actor, args=(end.address, length, n, received))
     proc.start()
     got, t0 = 0, None
     deadline = time.monotonic() + 120
     try:
         while got < n and time.monotonic() < deadline:
-            for actor, _, size in rx.poll(1.0):
-                t0 = t0 or time.perf_counter()
-                rx.release(actor, size)
-                got += 1
+            k = end.receive()
+            if k and t0 is None:
+                t0 = time.perf_counter()
+            got += k
         dt = time.perf_counter() - t0
     finally:
         received.set()
         proc.join()
-        rx.close()
+        end.close()
     if got < n:
-        raise RuntimeError(f"received {got} of {n} trajectories; rejected {dict(rx.rejected)}")
-    return (n - 1) / dt  # the first message starts the clock
-
-
-def run_raw(length: int, n: int, *, copy: bool) -> float:
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.setsockopt(zmq.RCVTIMEO, 120_000)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    ctx = mp.get_context("spawn")
-    received = ctx.Event()
-    proc = ctx.Process(target=_raw_actor, args=(f"tcp://127.0.0.1:{port}", length, n, received))
-    proc.start()
-    got, t0 = 0, None
-    try:
-        while got < n:
-            sock.recv_multipart(copy=copy)
-            t0 = t0 or time.perf_counter()
-            got += 1
-        dt = time.perf_counter() - t0
-    finally:
-        received.set()
-        proc.join()
-        sock.close()
-    return (n - 1) / dt
-
-
-def run_sender_only(length: int, n: int) -> float:
-    """Our sender (encode, credit) into a raw ROUTER that grants it one unbounded window."""
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.setsockopt(zmq.RCVTIMEO, 120_000)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    ctx = mp.get_context("spawn")
-    received = ctx.Event()
-    proc = ctx.Process(target=_ours_actor, args=(f"tcp://127.0.0.1:{port}", length, n, received))
-    proc.start()
-    got, t0 = 0, None
-    try:
-        while got < n:
-            frames = sock.recv_multipart()
-            if frames[1] == b"HELLO":
-                sock.send_multipart([frames[0], b"WINDOW", (1 << 40).to_bytes(8, "little")])
-                continue
-            t0 = t0 or time.perf_counter()
-            got += 1
-        dt = time.perf_counter() - t0
-    finally:
-        received.set()
-        proc.join()
-        sock.close()
-    return (n - 1) / dt
-
-
-def run_receiver_only(length: int, n: int) -> float:
-    """A raw DEALER sending encoded trajectories into our receiver (decode, checks, release)."""
-    rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=32 << 20)
-    ctx = mp.get_context("spawn")
-    received = ctx.Event()
-    proc = ctx.Process(target=_raw_actor, args=(rx.address, length, n, received))
-    proc.start()
-    got, t0 = 0, None
-    try:
-        while got < n:
-            for actor, _, size in rx.poll(1.0):
-                t0 = t0 or time.perf_counter()
-                rx.release(actor, size)
-                got += 1
-        dt = time.perf_counter() - t0
-    finally:
-        received.set()
-        proc.join()
-        rx.close()
+        raise RuntimeError(f"received {got} of {n} trajectories")
     return (n - 1) / dt
 
 
@@ -158,11 +127,11 @@ def main() -> None:
         rates: dict[str, list[float]] = {"raw, copying": [], "raw, zero-copy": [], "ours": [],
                                          "our sender": [], "our receiver": []}
         for _ in range(args.trials):
-            rates["raw, copying"].append(run_raw(length, n, copy=True))
-            rates["raw, zero-copy"].append(run_raw(length, n, copy=False))
-            rates["ours"].append(run_ours(length, n))
-            rates["our sender"].append(run_sender_only(length, n))
-            rates["our receiver"].append(run_receiver_only(length, n))
+            rates["raw, copying"].append(run(_raw_actor, _RawEnd(copy=True), length, n))
+            rates["raw, zero-copy"].append(run(_raw_actor, _RawEnd(copy=False), length, n))
+            rates["ours"].append(run(_ours_actor, _OurEnd(), length, n))
+            rates["our sender"].append(run(_ours_actor, _RawEnd(), length, n))
+            rates["our receiver"].append(run(_raw_actor, _OurEnd(), length, n))
         median = {k: statistics.median(v) for k, v in rates.items()}
         raw = max(median["raw, copying"], median["raw, zero-copy"])
         size = len(_trajectories(length)[0].to_bytes())
