@@ -139,12 +139,12 @@ class EnvPool:
         for lock in locks:
             lock.acquire()
         try:
-            return self._exchange(op, slots, args, groups, time.monotonic() + timeout)
+            return self._exchange(op, slots, args, groups, timeout)
         finally:
             for lock in locks:
                 lock.release()
 
-    def _exchange(self, op, slots, args, groups, deadline) -> list:
+    def _exchange(self, op, slots, args, groups, timeout: float) -> list:
         results: list = [None] * len(slots)
         if op in ("step", "state_text"):
             for i, slot in enumerate(slots):
@@ -162,6 +162,7 @@ class EnvPool:
                 requests[w] = idxs, encode({"op": op, "envs": [slots[i] % self.envs_per_worker for i in idxs],
                                             "args": [args[i] for i in idxs]})
         pending: dict[int, list[int]] = {}
+        deadline = time.monotonic() + timeout  # from the sends: a restart above is not the call's
         for w, (idxs, request) in requests.items():
             try:
                 self._workers[w].conn.send_bytes(request)

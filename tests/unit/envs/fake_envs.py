@@ -107,9 +107,10 @@ def assert_same(a, b) -> None:
     assert all(np.array_equal(x, y) and x.dtype == y.dtype for x, y in zip(obs_a.images, obs_b.images))
 
 
-def flaky_factory(block: str, **config) -> CounterEnv:
-    """A CounterEnv, or a start-up error while the file ``block`` exists (a simulator that cannot
-    start for a while)."""
+def flaky_factory(block: str, start_s: float = 0.0, **config) -> CounterEnv:
+    """A CounterEnv after ``start_s`` seconds, or then a start-up error while the file ``block``
+    exists (a slow simulator that cannot start for a while)."""
+    time.sleep(start_s)
     if os.path.exists(block):
         raise RuntimeError("the simulator cannot start")
     return CounterEnv(**config)

@@ -163,9 +163,11 @@ def test_close_leaves_no_process_behind():
 def test_a_replacement_that_cannot_start_leaves_the_worker_down_until_one_can(tmp_path):
     """The replacement of a killed worker fails to build its envs: its slots fail with
     worker_down and nothing raises; once start_timeout_s has passed and the envs can be built
-    again, the next call brings the worker back. The other worker serves all along."""
+    again, the next call brings the worker back, and the call's own timeout (shorter than the
+    0.7 s start) counts from then. The other worker serves all along."""
     block = tmp_path / "block"
-    with _pool("flaky_factory", {"block": str(block)}, start_timeout_s=1.0) as pool:
+    with _pool("flaky_factory", {"block": str(block), "start_s": 0.7}, start_timeout_s=3.0,
+               step_timeout_s=0.5, reset_timeout_s=0.5) as pool:
         pool.reset([0, 1, 2, 3], [0, 1, 2, 3])
         block.touch()
         dead = pool.worker_pids()[0]
@@ -177,7 +179,7 @@ def test_a_replacement_that_cannot_start_leaves_the_worker_down_until_one_can(tm
         assert pool.system_prompt(1) == EpisodeFailure("worker_down")
         assert pool.stats()["worker_start_failures"] == 1  # no second try within start_timeout_s
         block.unlink()
-        time.sleep(1.1)
+        time.sleep(3.1)
         assert [r.text for r in pool.reset([0, 1], [7, 8])] == ["value=7", "value=8"]
         assert pool.step([1], ["bb"])[0].observation.text == "value=10"
         stats = pool.stats()
