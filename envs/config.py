@@ -23,9 +23,14 @@ class EnvPoolConfig:
     start_timeout_s: float = 120.0
     """A worker process that has not built its envs by then failed to start (simulators on a
     busy host take long: 8 ManiSkill scenes in one worker took over 60 s on 2 busy cores)."""
+    env_latency_s: float = 0.0
+    """Every env reset and step answers this much later, as a remote simulator's would (the wait
+    holds no env worker: envs/service.py's LatencyEnvClient); for benchmarks of latency hiding."""
 
     def __post_init__(self) -> None:
         if min(self.env_workers, self.envs_per_worker) < 1:
             raise ValueError("env_workers and envs_per_worker must be >= 1")
         if min(self.step_timeout_s, self.reset_timeout_s, self.start_timeout_s) <= 0:
             raise ValueError("step_timeout_s, reset_timeout_s and start_timeout_s must be > 0")
+        if self.env_latency_s < 0:
+            raise ValueError(f"env_latency_s must be >= 0, got {self.env_latency_s}")

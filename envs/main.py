@@ -7,7 +7,7 @@ The pool's flags are envs/config.py's ``EnvPoolConfig`` fields, the names the ru
 group uses (``--env-workers`` is ``actors.env_workers``). ``--env`` is a registry name (envs/registry.py: its configs/env/<name>.yaml gives the defaults)
 or an importable "module:callable"; each ``--set`` overrides one setting, its value read as JSON
 when it parses (numbers, booleans, null, lists), else as a string.
-``--latency-s S`` answers every reset and step S seconds late, as a remote simulator would
+``--env-latency-s S`` answers every reset and step S seconds late, as a remote simulator would
 (the wait holds no worker: envs/service.py's ``LatencyEnvClient``), for latency benchmarks.
 ``--curve DIR`` requires CurveZMQ keys of its clients (transport/security.py; the run's
 ``actors.env_curve=DIR`` gives the actors theirs); a network address (not loopback) is served
@@ -35,8 +35,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="env config")
     p.add_argument("--curve", metavar="DIR", help="require CurveZMQ: the server certificate and "
                    "the allowed clients' in DIR (python -m transport.security DIR makes a set)")
-    p.add_argument("--latency-s", type=float, default=0.0,
-                   help="answer every reset and step this much later (a remote simulator's latency)")
     p.add_argument("--insecure", action="store_true",
                    help="serve a network address without --curve (anyone who reaches it may play)")
     for f in dataclasses.fields(EnvPoolConfig):
@@ -92,8 +90,6 @@ async def serve(pool, address: str, curve_dir: str | None = None, latency_s: flo
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.latency_s < 0:
-        raise SystemExit(f"--latency-s must be >= 0, got {args.latency_s}")
     if not (args.curve or args.insecure or _loopback(args.bind)):
         raise SystemExit(f"--bind {args.bind} serves the network: give --curve DIR (CurveZMQ keys, "
                          "python -m transport.security DIR makes them) or --insecure")
@@ -106,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                  envs_per_worker=pool_cfg.envs_per_worker, step_timeout_s=pool_cfg.step_timeout_s,
                  reset_timeout_s=pool_cfg.reset_timeout_s,
                  start_timeout_s=pool_cfg.start_timeout_s) as pool:
-        asyncio.run(serve(pool, args.bind, args.curve, args.latency_s))
+        asyncio.run(serve(pool, args.bind, args.curve, pool_cfg.env_latency_s))
 
 
 if __name__ == "__main__":

@@ -110,9 +110,6 @@ class ActorsConfig(EnvPoolConfig):
     """tcp://host:port of an env service (python -m envs.main) instead of in-process workers."""
     env_curve: Optional[str] = None
     """Certificates (python -m transport.security DIR) for an env service run with --curve DIR."""
-    env_latency_s: float = 0.0
-    """Every env reset and step answers this much later, as a remote simulator's would (the wait
-    holds no env worker); for benchmarks of latency hiding."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

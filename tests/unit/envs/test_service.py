@@ -279,7 +279,7 @@ def _service_process(*flags: str):
 
 
 def test_service_process_serves_frozenlake_and_stops_on_sigterm():
-    with _service_process("--env-workers", "2", "--envs-per-worker", "1", "--latency-s", "0.2",
+    with _service_process("--env-workers", "2", "--envs-per-worker", "1", "--env-latency-s", "0.2",
                           "--set", "max_turns=2") as (proc, line):
         address = line.split()[-1]
         children = _descendants(proc.pid)
@@ -289,7 +289,7 @@ def test_service_process_serves_frozenlake_and_stops_on_sigterm():
         async def run(c: RemoteEnvClient):
             t0 = time.perf_counter()
             assert_same((await c.reset([1], [11]))[0], env_reset(local, 11))
-            assert time.perf_counter() - t0 >= 0.2  # --latency-s
+            assert time.perf_counter() - t0 >= 0.2  # --env-latency-s
             assert_same((await c.step([1], [answer]))[0], env_step(local, answer))
             assert await c.system_prompt(0) == local.system_prompt()
 
