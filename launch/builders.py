@@ -180,7 +180,7 @@ def _has_solver(cfg: RunConfig) -> bool:
 def _check_sees_images(cfg: RunConfig, path: str) -> None:
     """Before any process starts: an env that renders images needs a vision-language model.
     A path this process cannot read (a hub id on a cluster's nodes) is left to the actors."""
-    if cfg.env.get("render") not in ("image", "both"):  # an env's own; envs without images: none
+    if cfg.env.get("render", "text") == "text":  # an env's own setting (absent: no images)
         return
     from transformers import AutoConfig
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.demonstrations import MISTAKES, REASONING, make_demonstrations
-from envs.grid_env import PROMPTS
+from envs.grid_env import PROMPTS, RENDERS
 
 if TYPE_CHECKING:
     from actors.vision import VisionTokens
@@ -221,7 +221,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="frozenlake", help="env name (configs/env/<name>.yaml)")
     p.add_argument("--format", help="answer format (default: the env config's)")
     p.add_argument("--prompt", choices=PROMPTS, help="prompt (default: the env config's)")
-    p.add_argument("--render", choices=("text", "image", "both"),
+    p.add_argument("--render", choices=RENDERS,
                    help="observations (default: the env config's); image and both need a VLM")
     p.add_argument("--image-size", type=int, help="pixels per side of an image observation")
     # The run's warm_start group, same names (--action-noise is warm_start.action_noise).
