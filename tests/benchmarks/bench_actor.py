@@ -25,11 +25,11 @@ import asyncio
 import contextlib
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from tests.benchmarks.report import report
+from tests.collector import Collector
 
 MAX_TURNS = 3
 
@@ -51,32 +51,6 @@ class Recorder:
             self.calls.append((prompt, len(final.outputs[0].token_ids)))
 
 
-class Releaser:
-    """The learner's side of the stream, releasing every trajectory as it arrives."""
-
-    def __init__(self) -> None:
-        from transport.stream import TrajectoryReceiver
-
-        self.receiver = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=64 << 20)
-        self.address, self.count = self.receiver.address, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                for actor, _, nbytes in self.receiver.poll(0.05):
-                    self.receiver.release(actor, nbytes)
-                    self.count += 1
-        finally:
-            self.receiver.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-
 @contextlib.contextmanager
 def actor_rig(model: Path, concurrency: int, max_tokens: int, cores: tuple[int, ...]):
     """A started actor whose env client's latency the caller sets; all of it closed on exit."""
@@ -90,7 +64,7 @@ def actor_rig(model: Path, concurrency: int, max_tokens: int, cores: tuple[int, 
     bind_cores(cores)  # before the env workers start: they inherit it, as the actor's do
     config = resolve_config("frozenlake", {"max_turns": MAX_TURNS})
     pool = EnvPool(("frozenlake", config), num_workers=1, envs_per_worker=concurrency)
-    releaser = Releaser()
+    collector = Collector(window_bytes=64 << 20)
     loop = asyncio.new_event_loop()
     env = LatencyEnvClient(LocalEnvClient(pool), 0.0)
     actor = InferenceActor({
@@ -98,7 +72,7 @@ def actor_rig(model: Path, concurrency: int, max_tokens: int, cores: tuple[int, 
         "env_config": config, "env_workers": 1, "envs_per_worker": concurrency,
         "concurrency": concurrency, "group_size": 4, "temperature": 1.0,
         "max_tokens": max_tokens, "max_turns": MAX_TURNS, "max_context": 2048,
-        "kv_cache_bytes": 256 << 20, "learner_address": releaser.address, "cores": cores,
+        "kv_cache_bytes": 256 << 20, "learner_address": collector.address, "cores": cores,
     }, env=env)
     try:
         loop.run_until_complete(actor.start())
@@ -109,7 +83,7 @@ def actor_rig(model: Path, concurrency: int, max_tokens: int, cores: tuple[int, 
             loop.run_until_complete(actor.close())
         finally:
             loop.close()
-            releaser.close()
+            collector.close()
             pool.close()
 
 

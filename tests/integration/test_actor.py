@@ -13,7 +13,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from collections import defaultdict
 
 import numpy as np
@@ -22,42 +21,11 @@ import pytest
 from actors.actor import InferenceActor, WeightUpdateError
 from actors.groups import GROUP_STRIDE
 from launch.tiny_model import build_tiny_model
-from transport.stream import TrajectoryReceiver
+from tests.collector import Collector
 from transport.weights import WeightPublisher
 
 LOGPROB_TOL = 1e-4
 ACTOR_ID = 3
-
-
-class Collector:
-    """The learner's side of the stream: a thread that polls, keeps and releases (returns credit)."""
-
-    def __init__(self) -> None:
-        self.receiver = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=1 << 20)
-        self.address = self.receiver.address
-        self.items: list = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                for actor, traj, nbytes in self.receiver.poll(0.05):
-                    self.items.append(traj)
-                    self.receiver.release(actor, nbytes)
-        finally:
-            self.receiver.close()
-
-    def wait_for(self, n: int, timeout_s: float = 60.0) -> list:
-        deadline = time.monotonic() + timeout_s
-        while len(self.items) < n and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return list(self.items)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 class Rig:
