@@ -59,7 +59,6 @@ from learner.vision import ImageInputs, is_vision_config
 from transport.schema import Trajectory
 
 
-
 class Trainer:
     """FSDP2 models and optimizers of one learner rank; see the module docstring."""
 
@@ -127,15 +126,7 @@ class Trainer:
                 raise ValueError(f"trajectories with images, but {self.cfg.model_path} is not a "
                                  "vision-language model")
             vision = self.images.encode(trajectories)
-        batch = collate(trajectories, multi_turn_reward=self.cfg.multi_turn_reward,
-                        pad_id=self.pad_id)
-        if batch.loss_mask[:, 0].any():
-            raise ValueError("a row starts with a policy token: there is no logit to score it")
-        lengths = torch.tensor([len(t.token_ids) for t in trajectories])
-        index = self._my_rows(len(trajectories))
-        if self.cfg.micro_batch_size:  # micro-batches as narrow as their rows allow
-            index = longest_first(index, lengths, self.cfg.num_minibatches)
-        rows = take_rows(batch, lengths, index, self.pad_id, self.device, vision)
+        batch, lengths, index, rows = self.rows(trajectories, vision)
         metrics = StepMetrics()
         rows = self._prepare(rows, batch, index, metrics)
         t1 = time.perf_counter()
@@ -149,6 +140,21 @@ class Trainer:
         times = torch.tensor([t1 - t0, time.perf_counter() - t0], device=self.device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank's, the same on every rank
         return out | {"timing/prepare_s": float(times[0]), "timing/step_s": float(times[1])}
+
+    def rows(self, trajectories: list[Trajectory], vision: list | None = None
+             ) -> tuple[Batch, torch.Tensor, torch.Tensor, Rows]:
+        """(the whole batch, each trajectory's length, this rank's row indices, its rows), the
+        rows ordered for micro-batches: what ``train_step`` computes on."""
+        batch = collate(trajectories, multi_turn_reward=self.cfg.multi_turn_reward,
+                        pad_id=self.pad_id)
+        if batch.loss_mask[:, 0].any():
+            raise ValueError("a row starts with a policy token: there is no logit to score it")
+        lengths = torch.tensor([len(t.token_ids) for t in trajectories])
+        index = self._my_rows(len(trajectories))
+        if self.cfg.micro_batch_size:  # micro-batches as narrow as their rows allow
+            index = longest_first(index, lengths, self.cfg.num_minibatches)
+        rows = take_rows(batch, lengths, index, self.pad_id, self.device, vision)
+        return batch, lengths, index, rows
 
     def _my_rows(self, n: int) -> torch.Tensor:
         """Global row indices of this rank, -1 for dummy rows; the same count on every rank."""

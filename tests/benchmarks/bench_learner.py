@@ -48,20 +48,13 @@ def _batch(cfg, model_dir: Path, n: int):
 
 def _cuts(trainer, trajectories) -> tuple[list, list]:
     """The token tensors the trainer's step computes on: (prepare chunks, update micro-batches)."""
-    from learner.batch import collate
-    from learner.rows import longest_first, split_rows, take_rows
+    from learner.rows import split_rows
 
-    cfg = trainer.cfg
-    batch = collate(trajectories, multi_turn_reward=cfg.multi_turn_reward, pad_id=trainer.pad_id)
-    lengths = torch.tensor([len(t.token_ids) for t in trajectories])
-    index = trainer._my_rows(len(trajectories))
-    if cfg.micro_batch_size:
-        index = longest_first(index, lengths, cfg.num_minibatches)
-    rows = take_rows(batch, lengths, index, trainer.pad_id, "cpu")
+    rows = trainer.rows(trajectories)[-1]
     n = rows.batch.token_ids.shape[0]
     prepare = [rows.select(part).batch.token_ids for part in trainer._chunks(n)]
     update = [[rows.select(part).batch.token_ids for part in trainer._chunks(mb.stop - mb.start, mb.start)]
-              for mb in split_rows(n, cfg.num_minibatches)]
+              for mb in split_rows(n, trainer.cfg.num_minibatches)]
     return prepare, update
 
 
