@@ -100,7 +100,8 @@ class TrajectorySender:
             self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             if not self._socket.poll(_wait_ms(deadline), zmq.POLLOUT):
-                raise TimeoutError(f"actor {self.actor_id}: the connection to the learner is gone") from None
+                raise TimeoutError(
+                    f"actor {self.actor_id}: the connection to the learner is gone") from None
             self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK, copy=False)
         self._credit -= len(payload)
         self.sent += 1
