@@ -8,11 +8,13 @@ releases each trajectory at once) plays ``--episodes`` training episodes per row
   simulator's would (envs/service.py's LatencyEnvClient: the wait holds no env worker), for each
   ``--concurrency`` (episodes in flight, one env slot each). Each row's trajectories/s is
   compared with the no-latency row of the same concurrency (aim: 0.9 or better at 100 ms).
-- Raw vLLM: the episodes of the no-latency row of the highest concurrency, replayed on the same
-  engine with no env and no episode logic: as many episodes in flight, each turn's prompt the
-  previous one plus the answer just generated plus the env's tokens as the actor recorded them
-  (the prefix cache, emptied first, then sees what it saw for the actor), the same number of
-  tokens an answer, the same sampling settings. The actor's tokens/s over vLLM's (aim: 0.9).
+- Raw vLLM: at the highest concurrency with no latency, ``--trials`` times in turn, the actor
+  plays ``--episodes`` episodes and they are replayed on the same engine with no env and no
+  episode logic: as many episodes in flight, each turn's prompt the previous one plus the answer
+  just generated plus the env's tokens as the actor recorded them (the prefix cache, emptied
+  first, then sees what it saw for the actor: the same prompt tokens, cached and not), the same
+  number of tokens an answer, the same sampling settings. The median of the actor's tokens/s
+  over vLLM's, trial by trial (aim: 0.9).
 
 The random model rarely ends an answer early, so every episode plays its 3 turns of
 ``--max-tokens`` tokens: rows differ in the latency and nothing else.
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +38,7 @@ MAX_TURNS = 3
 
 
 class Recorder:
-    """The engine, with each generate call's prompt and the number of tokens it returned."""
+    """The engine, with each generate call's prompt ids and the token ids it returned."""
 
     def __init__(self, engine) -> None:
         self.engine, self.calls, self.recording = engine, [], False
@@ -48,7 +51,7 @@ class Recorder:
         async for final in self.engine.generate(prompt, params, request_id):
             yield final
         if self.recording:
-            self.calls.append((prompt, len(final.outputs[0].token_ids)))
+            self.calls.append((list(prompt["prompt_token_ids"]), list(final.outputs[0].token_ids)))
 
 
 @contextlib.contextmanager
@@ -100,19 +103,20 @@ def play(loop, actor, episodes: int) -> tuple[float, float]:
 def episodes_of(calls: list) -> list[list[tuple[list[int], int, list[int]]]]:
     """The recorded calls as episodes: each a list of (prompt ids, tokens generated, the tokens
     the env added after that answer). A call continues the episode whose last prompt plus its
-    answer's length prefixes it."""
-    chains: list[list] = []
-    for prompt, n in calls:
-        ids = list(prompt["prompt_token_ids"])
+    answer prefixes it: the answers are sampled, so that is one episode (siblings of a group
+    share their first prompt, and a sibling's later turn also starts with it)."""
+    chains: list[list[tuple[list[int], list[int]]]] = []
+    for ids, answer in calls:
         for chain in chains:
-            last, last_n = chain[-1][0], chain[-1][1]
-            if len(ids) > len(last) + last_n and ids[:len(last)] == last:
-                chain.append((ids, n))
+            last = chain[-1][0] + chain[-1][1]
+            if len(ids) > len(last) and ids[:len(last)] == last:
+                chain.append((ids, answer))
                 break
         else:
-            chains.append([(ids, n)])
-    return [[(ids, n, nxt[0][len(ids) + n:] if nxt else [])
-             for (ids, n), nxt in zip(chain, [[c] for c in chain[1:]] + [None])] for chain in chains]
+            chains.append([(ids, answer)])
+    return [[(ids, len(answer), nxt[0][0][len(ids) + len(answer):] if nxt else [])
+             for (ids, answer), nxt in zip(chain, [[c] for c in chain[1:]] + [None])]
+            for chain in chains]
 
 
 def replay(loop, engine, calls: list, concurrency: int) -> float:
@@ -157,6 +161,7 @@ def main() -> None:
     p.add_argument("--cores", default="1",
                    help="cores of the actor, its engine and env workers, as the default job binds "
                         "an actor to a core of its own (comma-separated; empty: unbound)")
+    p.add_argument("--trials", type=int, default=3, help="actor-then-vLLM pairs")
     p.add_argument("--json", help="also save the rows here")
     a = p.parse_args()
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -165,7 +170,7 @@ def main() -> None:
     latencies = [float(x) for x in a.latencies.split(",")]
     concurrencies = [int(x) for x in a.concurrency.split(",")]
     cores = tuple(int(x) for x in a.cores.split(",") if x)
-    rows, raw_row = [], None
+    rows, raw_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "model", seed=0)
         for c in concurrencies:
@@ -174,25 +179,37 @@ def main() -> None:
                 base = None
                 for latency in latencies:
                     env.latency_s = latency
-                    recording = latency == 0 and c == max(concurrencies)
-                    actor.engine.recording = recording
                     traj_s, tok_s = play(loop, actor, a.episodes)
-                    actor.engine.recording = False
                     base = base or traj_s
                     rows.append({"in flight": c, "env latency s": latency,
                                  "traj/s": f"{traj_s:.2f}", "tokens/s": f"{tok_s:,.0f}",
                                  "vs no latency": f"{traj_s / base:.2f}"})
-                    if recording:
-                        raw = replay(loop, actor.engine.engine, actor.engine.calls, c)
-                        raw_row = {"in flight": c, "turns": len(actor.engine.calls),
-                                   "episodes": len(episodes_of(actor.engine.calls)),
-                                   "actor tokens/s": f"{tok_s:,.0f}", "vLLM tokens/s": f"{raw:,.0f}",
-                                   "actor / vLLM": f"{tok_s / raw:.2f}"}
+                if c == max(concurrencies):
+                    env.latency_s = 0.0
+                    raw_rows = against_vllm(loop, actor, c, a.episodes, a.trials)
     report(rows, a.json)
-    if raw_row is not None:
+    if raw_rows:
         print()
-        report([raw_row])
+        report(raw_rows)
 
+
+def against_vllm(loop, actor, concurrency: int, episodes: int, trials: int) -> list[dict]:
+    """``trials`` times: the actor plays ``episodes`` recorded episodes, then vLLM replays
+    them; a row a trial, and the median ratio."""
+    rows, ratios = [], []
+    for trial in range(trials):
+        actor.engine.calls, actor.engine.recording = [], True
+        _, tok_s = play(loop, actor, episodes)
+        actor.engine.recording = False
+        raw = replay(loop, actor.engine.engine, actor.engine.calls, concurrency)
+        ratios.append(tok_s / raw)
+        rows.append({"trial": trial + 1, "in flight": concurrency,
+                     "turns": len(actor.engine.calls),
+                     "episodes": len(episodes_of(actor.engine.calls)),
+                     "actor tokens/s": f"{tok_s:,.0f}", "vLLM tokens/s": f"{raw:,.0f}",
+                     "actor / vLLM": f"{tok_s / raw:.2f}"})
+    rows.append({"trial": "median", "actor / vLLM": f"{statistics.median(ratios):.2f}"})
+    return rows
 
 if __name__ == "__main__":
     main()

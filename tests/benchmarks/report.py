@@ -9,6 +9,6 @@ def report(rows: list[dict], json_path: str | None = None) -> None:
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
-        print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+        print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
