@@ -56,7 +56,7 @@ bench: install
 	$(BIN)/python -m tests.benchmarks.bench_env_pool
 	$(BIN)/python -m tests.benchmarks.bench_primitive_skill
 	$(BIN)/python -m tests.benchmarks.bench_envs
-	$(BIN)/python -m tests.benchmarks.bench_learner
+	$(BIN)/python -m tests.benchmarks.bench_learner --breakdown
 	$(BIN)/python -m tests.benchmarks.bench_sft
 	$(BIN)/python -m tests.benchmarks.bench_loop
 	$(BIN)/python -m tests.benchmarks.bench_converge

@@ -15,7 +15,12 @@ exact micro-batch tensors the trainer cut, only the passes a step cannot do with
 no-grad forwards of the policy (proximal log-probs), the critic (values) and the reference, then
 per micro-batch the policy's forward and backward of the sampled tokens' log-probs and the
 critic's of its values; the AdamW steps are timed apart. The step over the baseline is the
-learner's overhead: FSDP's hooks, the losses, the advantages, the metrics.
+learner's overhead: FSDP's hooks, the entropy bonus, the losses, the advantages, the metrics.
+
+With ``--breakdown`` a second table splits that overhead at the default micro-batch size: FSDP's
+hooks (the torch profiler's ``FSDP::*`` and post-backward events over one step), the entropy
+bonus's gradient (the step with ``entropy_coef`` 0 subtracted) and what is left (the losses,
+gradient clipping, the advantages, the metrics).
 """
 
 from __future__ import annotations
@@ -108,7 +113,58 @@ def plain_step(model_dir: Path, prepare: list, update: list, epochs: int, temper
     return best_passes, best_steps
 
 
-def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) -> list[dict]:
+def fsdp_hook_s(trainer, batch) -> float:
+    """Seconds of one step spent in FSDP's own hooks (outermost profiler events only; the
+    profiler adds a little to each)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.train_step(batch, version=0)
+    outer = ("FSDP::pre_forward", "FSDP::post_forward", "FSDP::pre_backward",
+             "FSDP::root_pre_forward", "FSDP::root_post_backward_callback",
+             "FSDP::cast_forward_inputs", "RegisterPostBackwardFunctionBackward")
+    return sum(e.cpu_time_total for e in prof.key_averages()
+               if e.key.split(" (")[0] in outer) / 1e6
+
+
+def best_step(trainer, batch, repeats: int) -> float:
+    trainer.train_step(batch, version=0)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        trainer.train_step(batch, version=0)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def breakdown(model: Path, algo: dict, batch, micro: int, repeats: int) -> list[dict]:
+    """Where a step's time over the plain passes goes (module docstring)."""
+    from learner.config import TrainerConfig
+    from learner.trainer import Trainer
+
+    def trainer(**changes):
+        return Trainer(TrainerConfig.from_dict({"model_path": str(model), **algo,
+                                                "micro_batch_size": micro, **changes}))
+
+    full = trainer()
+    step = best_step(full, batch, repeats)
+    hooks = fsdp_hook_s(full, batch)
+    cuts, epochs, temperature = _cuts(full, batch), full.cfg.epochs, full.cfg.temperature
+    has = {"critic": full.critic is not None, "ref": full.ref is not None}
+    del full
+    no_entropy = best_step(trainer(entropy_coef=0.0), batch, repeats)
+    plain, optim = plain_step(model, *cuts, epochs=epochs, temperature=temperature,
+                              repeats=repeats, **has)
+    rest = step - plain - optim
+    parts = {"FSDP hooks": hooks, "entropy bonus gradient": step - no_entropy}  # < 0: noise
+    parts["losses, clipping, advantages, metrics (the remainder)"] = rest - sum(parts.values())
+    return [{"micro_batch_size": micro, "part": name, "s": round(v, 3),
+             "share of step over plain": f"{v / rest:.0%}", "share of step": f"{v / step:.1%}"}
+            for name, v in parts.items()]
+
+
+def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None,
+        split: int | None = None) -> tuple[list[dict], list[dict]]:
     import dataclasses
 
     from launch.tiny_model import build_tiny_model
@@ -121,7 +177,7 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    rows = []
+    rows, parts = [], []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_model(Path(tmp) / "tiny")
@@ -154,9 +210,11 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None) 
                              "adamw_s": round(optim, 2),
                              "step / (plain + adamw)": f"{best / (plain + optim):.2f}x",
                              "step / plain": f"{best / plain:.2f}x"})
+            if split is not None:
+                parts = breakdown(model, algo, batch, split, repeats)
     finally:
         dist.destroy_process_group()
-    return rows
+    return rows, parts
 
 
 def main() -> None:
@@ -166,9 +224,15 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (the default job's learner: one, on a core of its own)")
     p.add_argument("--prompt", help="the env's prompt (default: the job's)")
+    p.add_argument("--breakdown", type=int, nargs="?", const=8, metavar="MICRO",
+                   help="also split the step's time over the plain passes at this micro-batch size")
     p.add_argument("--json")
     args = p.parse_args()
-    report(run(args.micro, args.repeats, args.threads, args.prompt), args.json)
+    rows, parts = run(args.micro, args.repeats, args.threads, args.prompt, args.breakdown)
+    report(rows, args.json)
+    if parts:
+        print()
+        report(parts)
 
 
 if __name__ == "__main__":
