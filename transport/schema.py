@@ -9,8 +9,10 @@ untrusted input: anything wrong raises ``SchemaError`` (a ValueError) naming the
 
 On the wire the per-token arrays are raw little-endian bytes whose dtype the schema fixes
 (``token_ids`` and ``policy_version`` int32, ``behaviour_logprobs`` float32), ``loss_mask`` and
-``turn_end`` travel as one ``flags`` byte a token (bit 0 loss_mask, bit 1 turn_end: 0, 1 or 3),
-``turn_rewards`` as float32 bytes. Decoded arrays are read-only, zero-copy views of the message.
+``turn_end`` travel as one ``flags`` byte a token (0 an environment token, 1 a policy token, 2
+the policy token that ends a turn: loss_mask + turn_end, so a turn end outside loss_mask cannot
+be written), ``turn_rewards`` as float32 bytes. Decoded arrays are read-only, zero-copy views of
+the message, loss_mask and turn_end excepted.
 
 Invariants of a Trajectory:
 - the per-token arrays ``token_ids`` (int32), ``loss_mask`` (bool), ``turn_end`` (bool),
@@ -34,7 +36,7 @@ import numpy as np
 
 from transport.codec import CodecError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MAX_TOKENS = 1 << 20
 MAX_TURNS = 1 << 12
 MAX_IMAGES = 256
@@ -108,20 +110,27 @@ class Trajectory:
     def to_wire(self) -> dict[str, Any]:
         """The fields as msgpack-ready builtins, the arrays as their wire bytes (for tools and
         tests; ``to_bytes`` packs the same without copying the arrays first)."""
-        return {k: v.tobytes() if isinstance(v, memoryview) else v
-                for k, v in self._wire_fields().items()}
+        out = {k: v.tobytes() if isinstance(v, memoryview) else v
+               for k, v in self._wire_fields().items()}
+        out.update(images=[dict(img) for img in out["images"]], metrics=dict(self.metrics))
+        return out
 
     def _wire_fields(self) -> dict[str, Any]:
-        flags = self.loss_mask.view(np.uint8) | (self.turn_end.view(np.uint8) << 1)
-        out = {name: getattr(self, name) for name in _SCALARS}
-        out.update(
-            token_ids=_le(self.token_ids, "<i4"), flags=memoryview(flags),
-            behaviour_logprobs=_le(self.behaviour_logprobs, "<f4"),
-            policy_version=_le(self.policy_version, "<i4"),
-            turn_rewards=_le(self.turn_rewards, "<f4"),
-            images=[vars(img).copy() for img in self.images], metrics=dict(self.metrics),
-        )
-        return out
+        """The wire fields, the arrays as views of their bytes (copied only where the dtype or
+        the layout is not the wire's), the images and metrics as they are (not copied)."""
+        return {
+            "schema_version": self.schema_version, "run_id": self.run_id,
+            "actor_id": self.actor_id, "episode_id": self.episode_id, "env_name": self.env_name,
+            "seed": self.seed, "group_id": self.group_id,
+            "token_ids": _le(self.token_ids, "<i4"),
+            "flags": np.add(self.loss_mask.view(np.uint8), self.turn_end.view(np.uint8)).data,
+            "behaviour_logprobs": _le(self.behaviour_logprobs, "<f4"),
+            "policy_version": _le(self.policy_version, "<i4"),
+            "turn_rewards": _le(self.turn_rewards, "<f4"),
+            "final_reward": self.final_reward, "group_size": self.group_size,
+            "images": [vars(img) for img in self.images], "metrics": self.metrics,
+            "created_at": self.created_at,
+        }
 
     @classmethod
     def from_bytes(cls, payload: bytes | bytearray | memoryview) -> "Trajectory":
@@ -142,24 +151,28 @@ class Trajectory:
             if len(getattr(wire, name)) != 4 * length:
                 raise SchemaError(f"{name} has length {len(getattr(wire, name)) / 4:g}, "
                                   f"flags has {length}")
-        if flags.translate(None, b"\x00\x01\x03"):
-            raise SchemaError("flags must be 0, 1 or 3 (turn_end marks a token outside loss_mask)")
-        turns = flags.count(3)
+        bits = np.frombuffer(flags, np.uint8)
+        if length and bits.max() > 2:
+            raise SchemaError("flags must be 0, 1 or 2 (an environment token, a policy token, "
+                              "a turn's last policy token)")
+        turn_end = bits == 2
+        turns = int(np.count_nonzero(turn_end))
         if len(wire.turn_rewards) != 4 * turns:
             raise SchemaError(f"{len(wire.turn_rewards) / 4:g} turn_rewards for {turns} turn ends")
         logprobs = np.frombuffer(wire.behaviour_logprobs, "<f4")
         rewards = np.frombuffer(wire.turn_rewards, "<f4")
-        # Finite float32 values sum to a finite float64; a nan or an inf does not.
-        if not (math.isfinite(logprobs.sum(dtype=np.float64))
-                and math.isfinite(rewards.sum(dtype=np.float64))):
+        # Finite float32 rewards (a few) sum to a finite Python float; a nan or an inf does not.
+        if not (np.isfinite(logprobs).all() and math.isfinite(sum(rewards.tolist()))):
             raise SchemaError("turn_rewards and behaviour_logprobs must be finite")
-        bits = np.frombuffer(flags, np.uint8)
-        values = {name: getattr(wire, name) for name in _SCALARS}
         return cls._checked(
-            **values, token_ids=np.frombuffer(wire.token_ids, "<i4"), loss_mask=bits.astype(bool),
-            turn_end=bits == 3, behaviour_logprobs=logprobs,
-            policy_version=np.frombuffer(wire.policy_version, "<i4"), turn_rewards=rewards,
-            images=[EncodedImage(i.png, i.height, i.width) for i in wire.images],
+            run_id=wire.run_id, actor_id=wire.actor_id, episode_id=wire.episode_id,
+            env_name=wire.env_name, seed=wire.seed, group_id=wire.group_id,
+            group_size=wire.group_size, final_reward=wire.final_reward,
+            created_at=wire.created_at, schema_version=wire.schema_version,
+            token_ids=np.frombuffer(wire.token_ids, "<i4"), loss_mask=bits.astype(bool),
+            turn_end=turn_end, behaviour_logprobs=logprobs,
+            policy_version=np.frombuffer(wire.policy_version, "<i4"),
+            turn_rewards=rewards, images=[EncodedImage(i.png, i.height, i.width) for i in wire.images],
             metrics=wire.metrics,
         )
 
@@ -226,8 +239,9 @@ def _version_error(payload: Any) -> str | None:
 
 
 def _le(arr: np.ndarray, dtype: str) -> memoryview:
-    """The array's wire bytes (a view where it is contiguous and of that dtype already)."""
-    return memoryview(np.ascontiguousarray(arr, dtype=dtype)).cast("B")
+    """The array's wire bytes (a view where it is contiguous and of that dtype already; msgpack
+    packs a buffer's bytes whatever its item type)."""
+    return np.ascontiguousarray(arr, dtype=dtype).data
 
 
 _ARRAYS = {

@@ -89,23 +89,21 @@ def test_malformed_fields_are_rejected(overrides, message):
 
 def test_malformed_wire_messages_are_rejected():
     good = _trajectory().to_wire()
-    flags = bytearray(good["flags"])
-    flags[0] = 2  # a turn end outside loss_mask
     cases = {
         "Expected `object`": [None, [], "x"],
         "missing required field `token_ids`": [
             {k: v for k, v in good.items() if k != "token_ids"}],
-        "schema_version None, expected 3": [{}],
-        "schema_version 4, expected 3": [dict(good, schema_version=SCHEMA_VERSION + 1)],
-        "schema_version 2, expected 3": [{"schema_version": 2, "token_ids": [1, 2]}],
+        "schema_version None, expected 4": [{}],
+        "schema_version 5, expected 4": [dict(good, schema_version=SCHEMA_VERSION + 1)],
+        "schema_version 3, expected 4": [{"schema_version": 3, "token_ids": [1, 2]}],
         "unknown field": [dict(good, extra=1)],
         "images": [dict(good, images=[{"png": "not bytes", "height": 1, "width": 1}]),
                    dict(good, images="nope")],
         "token_ids has length 9, flags has 10": [dict(good, token_ids=good["token_ids"][:36])],
         "policy_version has length 10.5": [dict(good, policy_version=good["policy_version"] + b"xy")],
         "turn_rewards for 2 turn ends": [dict(good, turn_rewards=good["turn_rewards"][:4])],
-        "outside loss_mask": [dict(good, flags=bytes(flags))],
-        "flags must be 0, 1 or 3": [dict(good, flags=b"\x07" * 10)],
+        "flags must be 0, 1 or 2": [dict(good, flags=b"\x07" * 10),
+                                    dict(good, flags=b"\x00" * 9 + b"\x03")],
         "finite": [dict(good, behaviour_logprobs=np.full(10, np.inf, "<f4").tobytes()),
                    dict(good, turn_rewards=np.array([1, np.nan], "<f4").tobytes())],
         "group_size": [dict(good, group_size=-1), dict(good, group_size=1 << 13)],
