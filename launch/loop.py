@@ -169,9 +169,11 @@ def _run(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger, mon
         metrics.update({"timing/step_wall_s": wall, "throughput/trajectories_per_s": t.batch_size / wall,
                         "throughput/tokens_per_s": metrics.get("rollout/tokens", 0.0) / wall,
                         "actors/restarts": supervisor.restarts})
-        if monitor is not None:
-            metrics["memory/total_gib"] = monitor.sample() / 2**30
-            metrics.update({f"memory/{k}_gib": v / 2**30 for k, v in monitor.current.items()})
+        if monitor is not None:  # memory as of the monitor thread's last sample (launch/memory.py)
+            monitor.sample_cpu()
+            if monitor.total:
+                metrics["memory/total_gib"] = monitor.total / 2**30
+                metrics.update({f"memory/{k}_gib": v / 2**30 for k, v in monitor.current.items()})
             metrics.update({f"cpu/{k}_s": v for k, v in monitor.cpu_seconds().items()})
         record = logger.log("train", step, metrics)
         if step % cfg.logger.print_every == 0:

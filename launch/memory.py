@@ -10,6 +10,11 @@ workers). Reports peaks per process kind and the peak of the total, for the memo
 each sample's total per kind, for finding what grows in a long run. CPU seconds (user + system)
 are cumulative per kind since each process started; a process that has exited keeps its last
 sampled reading.
+
+Reading a process's PSS costs the kernel a walk of its page tables (about 2 ms for a torch
+process, ~40 ms a sample for a run's processes), its CPU times microseconds: the training loop
+takes ``sample_cpu`` at every step, where the learner waits on it, and the memory figures of the
+thread's last ``sample``.
 """
 
 from __future__ import annotations
@@ -37,9 +42,12 @@ class MemoryMonitor:
         self.root = psutil.Process(root_pid)
         self.interval_s = interval_s
         self.peak_total = 0
+        self.total = 0
+        """The total PSS of the last ``sample`` (0 before the first)."""
         self.peak_by_pid: dict[int, tuple[str, int]] = {}
         self.current: dict[str, int] = {}
         self.cpu_by_pid: dict[int, tuple[str, float]] = {}
+        self._lock = threading.Lock()  # the thread's samples and the caller's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-monitor", daemon=True)
         self._thread.start()
@@ -52,30 +60,47 @@ class MemoryMonitor:
         return list(procs.values())
 
     def sample(self) -> int:
-        """The total PSS now, in bytes; also sets ``current`` (bytes now, summed per kind)."""
+        """The total PSS now, in bytes; also sets ``current`` (bytes now, summed per kind) and
+        the CPU times."""
         total, current = 0, defaultdict(int)
-        for p in self._processes():
-            try:
-                rss = p.memory_full_info().pss
-                cpu = p.cpu_times()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            total += rss
-            kind, peak = self.peak_by_pid.get(p.pid, (None, 0))
-            if kind is None or kind == "other" or kind.startswith("ray::"):
-                kind = _kind(p)  # a pre-started Ray worker shows its role only once it has one
-            current[kind] += rss
-            self.peak_by_pid[p.pid] = (kind, max(peak, rss))
-            self.cpu_by_pid[p.pid] = (kind, cpu.user + cpu.system)
-        self.peak_total = max(self.peak_total, total)
-        self.current = dict(current)
+        with self._lock:
+            for p in self._processes():
+                try:
+                    rss = p.memory_full_info().pss
+                    cpu = p.cpu_times()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                total += rss
+                kind = self._kind_of(p)
+                current[kind] += rss
+                self.peak_by_pid[p.pid] = (kind, max(self.peak_by_pid.get(p.pid, (kind, 0))[1], rss))
+                self.cpu_by_pid[p.pid] = (kind, cpu.user + cpu.system)
+            self.peak_total = max(self.peak_total, total)
+            self.total, self.current = total, dict(current)
         return total
+
+    def sample_cpu(self) -> None:
+        """The CPU times now, without the memory (cheap: see the module docstring)."""
+        with self._lock:
+            for p in self._processes():
+                try:
+                    cpu = p.cpu_times()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                self.cpu_by_pid[p.pid] = (self._kind_of(p), cpu.user + cpu.system)
+
+    def _kind_of(self, p: psutil.Process) -> str:
+        kind = self.peak_by_pid.get(p.pid, (None, 0))[0]
+        if kind is None or kind == "other" or kind.startswith("ray::"):
+            kind = _kind(p)  # a pre-started Ray worker shows its role only once it has one
+        return kind
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds per process kind as of the last sample (user + system, since each started)."""
         out: dict[str, float] = defaultdict(float)
-        for kind, seconds in self.cpu_by_pid.values():
-            out[kind] += seconds
+        with self._lock:
+            for kind, seconds in self.cpu_by_pid.values():
+                out[kind] += seconds
         return dict(out)
 
     def _run(self) -> None:
@@ -85,8 +110,9 @@ class MemoryMonitor:
     def report(self) -> dict[str, float]:
         """``memory/peak_total_gib`` and the largest per-process peak of each kind, in GiB."""
         by_kind: dict[str, int] = defaultdict(int)
-        for kind, rss in self.peak_by_pid.values():
-            by_kind[kind] = max(by_kind[kind], rss)
+        with self._lock:
+            for kind, rss in self.peak_by_pid.values():
+                by_kind[kind] = max(by_kind[kind], rss)
         out = {"memory/peak_total_gib": self.peak_total / 2**30}
         out.update({f"memory/peak_{k}_gib": v / 2**30 for k, v in sorted(by_kind.items())})
         return out

@@ -81,3 +81,22 @@ def test_soak_growth_compares_medians_after_warmup_and_at_the_end():
     assert growth(spike, warmup_s=300)["growth"] == 0.0
     with pytest.raises(ValueError, match="too short"):
         growth([(t, 1.0) for t in range(0, 600, 10)], warmup_s=300)
+
+
+def test_sample_cpu_reads_cpu_times_and_leaves_the_memory_to_the_full_sample():
+    monitor = MemoryMonitor(os.getpid(), interval_s=60)
+    busy = subprocess.Popen(["bash", "-c", 'n=Learner; exec -a "ray::${n}Worker" ' + sys.executable
+                             + ' -c "import time; t = time.process_time() + 0.5\nwhile time.process_time() < t: pass"'])
+    try:
+        deadline = time.time() + 20
+        while busy.poll() is None and time.time() < deadline:
+            monitor.sample_cpu()
+            time.sleep(0.05)
+        cpu = monitor.cpu_seconds()
+        assert monitor.total == 0 and monitor.current == {}  # no PSS was read
+        assert monitor.sample() > 0 and monitor.total > 0
+    finally:
+        busy.kill()
+        busy.wait()
+        monitor.close()
+    assert 0.4 <= cpu["LearnerWorker"] < 3.0
