@@ -10,6 +10,8 @@ them.
   copying receives and with zero-copy ones; the faster of the two is the baseline.
 - Each end alone: our sender into a raw ROUTER (which grants it one unbounded window), and a raw
   DEALER into our receiver; where the rest of the gap is.
+- The floor of a checked receiver: a raw DEALER into a ROUTER that runs only msgspec's typed
+  decode of each payload (types, unknown and missing fields; none of the checks after it).
 
 Each is run ``--trials`` times, interleaved, and the medians are compared: the ratio of
 messages/s is the figure that matters (aim: 0.9 or better).
@@ -26,6 +28,7 @@ import zmq
 
 from tests.benchmarks.report import report
 from tests.unit.transport.trajectories import make_trajectory
+from transport.schema import _DECODER
 from transport.stream import TrajectoryReceiver, TrajectorySender
 
 
@@ -90,6 +93,21 @@ class _RawEnd:
         self.sock.close()
 
 
+class _DecodeOnlyEnd(_RawEnd):
+    """A zero-copy ROUTER that decodes each payload against the wire schema and checks nothing
+    else (the receiver's least possible work)."""
+
+    def __init__(self) -> None:
+        super().__init__(copy=False)
+
+    def receive(self) -> int:
+        frames = self.sock.recv_multipart(copy=False)
+        if len(frames) != 3:
+            raise RuntimeError("a raw DEALER sends [TRAJ, payload]")
+        _DECODER.decode(frames[2].buffer)
+        return 1
+
+
 def run(actor, end, length: int, n: int) -> float:
     """Messages/s of ``n`` trajectories from ``actor`` (a process) into ``end``; the first
     message starts the clock."""
@@ -125,13 +143,14 @@ def main() -> None:
     for length in (2048, 16384):
         n = args.messages if length == 2048 else args.messages // 4
         rates: dict[str, list[float]] = {"raw, copying": [], "raw, zero-copy": [], "ours": [],
-                                         "our sender": [], "our receiver": []}
+                                         "our sender": [], "our receiver": [], "decode only": []}
         for _ in range(args.trials):
             rates["raw, copying"].append(run(_raw_actor, _RawEnd(copy=True), length, n))
             rates["raw, zero-copy"].append(run(_raw_actor, _RawEnd(copy=False), length, n))
             rates["ours"].append(run(_ours_actor, _OurEnd(), length, n))
             rates["our sender"].append(run(_ours_actor, _RawEnd(), length, n))
             rates["our receiver"].append(run(_raw_actor, _OurEnd(), length, n))
+            rates["decode only"].append(run(_raw_actor, _DecodeOnlyEnd(), length, n))
         median = {k: statistics.median(v) for k, v in rates.items()}
         raw = max(median["raw, copying"], median["raw, zero-copy"])
         size = len(_trajectories(length)[0].to_bytes())
@@ -144,6 +163,7 @@ def main() -> None:
             "ours / raw (faster)": f"{median['ours'] / raw:.2f}",
             "our sender alone / raw": f"{median['our sender'] / raw:.2f}",
             "our receiver alone / raw": f"{median['our receiver'] / raw:.2f}",
+            "typed decode alone / raw": f"{median['decode only'] / raw:.2f}",
             "ours / raw, each trial": " ".join(
                 f"{o / max(c, z):.2f}" for o, c, z in
                 zip(rates["ours"], rates["raw, copying"], rates["raw, zero-copy"])),
