@@ -73,7 +73,8 @@ class MemoryMonitor:
                 total += rss
                 kind = self._kind_of(p)
                 current[kind] += rss
-                self.peak_by_pid[p.pid] = (kind, max(self.peak_by_pid.get(p.pid, (kind, 0))[1], rss))
+                peak = self.peak_by_pid.get(p.pid, (kind, 0))[1]
+                self.peak_by_pid[p.pid] = (kind, max(peak, rss))
                 self.cpu_by_pid[p.pid] = (kind, cpu.user + cpu.system)
             self.peak_total = max(self.peak_total, total)
             self.total, self.current = total, dict(current)

@@ -10,9 +10,9 @@ untrusted input: anything wrong raises ``SchemaError`` (a ValueError) naming the
 On the wire the per-token arrays are raw little-endian bytes whose dtype the schema fixes
 (``token_ids`` and ``policy_version`` int32, ``behaviour_logprobs`` float32), ``loss_mask`` and
 ``turn_end`` travel as one ``flags`` byte a token (0 an environment token, 1 a policy token, 2
-the policy token that ends a turn: loss_mask + turn_end, so a turn end outside loss_mask cannot
-be written), ``turn_rewards`` as float32 bytes. Decoded arrays are read-only, zero-copy views of
-the message, loss_mask and turn_end excepted.
+the policy token that ends a turn: loss_mask + turn_end, so the wire cannot express a turn end
+outside loss_mask), ``turn_rewards`` as float32 bytes. Decoded arrays are read-only, zero-copy
+views of the message, loss_mask and turn_end excepted.
 
 Invariants of a Trajectory:
 - the per-token arrays ``token_ids`` (int32), ``loss_mask`` (bool), ``turn_end`` (bool),
@@ -172,8 +172,8 @@ class Trajectory:
             token_ids=np.frombuffer(wire.token_ids, "<i4"), loss_mask=bits.astype(bool),
             turn_end=turn_end, behaviour_logprobs=logprobs,
             policy_version=np.frombuffer(wire.policy_version, "<i4"),
-            turn_rewards=rewards, images=[EncodedImage(i.png, i.height, i.width) for i in wire.images],
-            metrics=wire.metrics,
+            turn_rewards=rewards, metrics=wire.metrics,
+            images=[EncodedImage(i.png, i.height, i.width) for i in wire.images],
         )
 
     @classmethod
