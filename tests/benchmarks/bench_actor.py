@@ -14,7 +14,7 @@ releases each trajectory at once) plays ``--episodes`` training episodes per row
   just generated plus the env's tokens as the actor recorded them (the prefix cache, emptied
   first, then sees what it saw for the actor: the same prompt tokens, cached and not), the same
   number of tokens an answer, the same sampling settings. The median of the actor's tokens/s
-  over vLLM's, trial by trial (aim: 0.9).
+  over vLLM's, trial by trial (aim: 0.9), and the CPU seconds each side's processes took.
 
 The random model rarely ends an answer early, so every episode plays its 3 turns of
 ``--max-tokens`` tokens: rows differ in the latency and nothing else.
@@ -161,7 +161,7 @@ def main() -> None:
     p.add_argument("--cores", default="1",
                    help="cores of the actor, its engine and env workers, as the default job binds "
                         "an actor to a core of its own (comma-separated; empty: unbound)")
-    p.add_argument("--trials", type=int, default=3, help="actor-then-vLLM pairs")
+    p.add_argument("--trials", type=int, default=5, help="actor-then-vLLM pairs")
     p.add_argument("--json", help="also save the rows here")
     a = p.parse_args()
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -193,21 +193,52 @@ def main() -> None:
         report(raw_rows)
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process (the actor, or the replay's loop),
+    of vLLM's engine core and worker processes, and of the rest of its children (env workers)."""
+    import psutil
+
+    me = psutil.Process()
+    out = {"this process": 0.0, "vLLM": 0.0, "env workers": 0.0}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t, name = p.cpu_times(), " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        kind = ("this process" if p.pid == me.pid else
+                "vLLM" if "VLLM" in name or "EngineCore" in name else "env workers")
+        out[kind] += t.user + t.system
+    return out
+
+
 def against_vllm(loop, actor, concurrency: int, episodes: int, trials: int) -> list[dict]:
     """``trials`` times: the actor plays ``episodes`` recorded episodes, then vLLM replays
-    them; a row a trial, and the median ratio."""
+    them; a row a trial with the CPU seconds each side's processes took, and the median
+    ratio."""
     rows, ratios = [], []
+
+    def spent(before: dict) -> dict:
+        return {k: v - before[k] for k, v in cpu_seconds().items()}
+
     for trial in range(trials):
         actor.engine.calls, actor.engine.recording = [], True
+        before = cpu_seconds()
         _, tok_s = play(loop, actor, episodes)
+        cpu_actor = spent(before)
         actor.engine.recording = False
+        before = cpu_seconds()
         raw = replay(loop, actor.engine.engine, actor.engine.calls, concurrency)
+        cpu_raw = spent(before)
         ratios.append(tok_s / raw)
         rows.append({"trial": trial + 1, "in flight": concurrency,
                      "turns": len(actor.engine.calls),
                      "episodes": len(episodes_of(actor.engine.calls)),
                      "actor tokens/s": f"{tok_s:,.0f}", "vLLM tokens/s": f"{raw:,.0f}",
-                     "actor / vLLM": f"{tok_s / raw:.2f}"})
+                     "actor / vLLM": f"{tok_s / raw:.2f}",
+                     "CPU s, actor: its process / env workers / vLLM": " / ".join(
+                         f"{cpu_actor[k]:.2f}" for k in ("this process", "env workers", "vLLM")),
+                     "CPU s, replay: its process / vLLM": " / ".join(
+                         f"{cpu_raw[k]:.2f}" for k in ("this process", "vLLM"))})
     rows.append({"trial": "median", "actor / vLLM": f"{statistics.median(ratios):.2f}"})
     return rows
 
