@@ -127,34 +127,21 @@ def fsdp_hook_s(trainer, batch) -> float:
                if e.key.split(" (")[0] in outer) / 1e6
 
 
-def best_step(trainer, batch, repeats: int) -> float:
+def timed_steps(trainer, batch, repeats: int) -> tuple[float, list[dict]]:
+    """(the best seconds of ``repeats`` steps after a warm-up one, their metrics)."""
     trainer.train_step(batch, version=0)  # warm-up
-    times = []
+    times, outs = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        trainer.train_step(batch, version=0)
+        outs.append(trainer.train_step(batch, version=0))
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(times), outs
 
 
-def breakdown(model: Path, algo: dict, batch, micro: int, repeats: int) -> list[dict]:
-    """Where a step's time over the plain passes goes (module docstring)."""
-    from learner.config import TrainerConfig
-    from learner.trainer import Trainer
-
-    def trainer(**changes):
-        return Trainer(TrainerConfig.from_dict({"model_path": str(model), **algo,
-                                                "micro_batch_size": micro, **changes}))
-
-    full = trainer()
-    step = best_step(full, batch, repeats)
-    hooks = fsdp_hook_s(full, batch)
-    cuts, epochs, temperature = _cuts(full, batch), full.cfg.epochs, full.cfg.temperature
-    has = {"critic": full.critic is not None, "ref": full.ref is not None}
-    del full
-    no_entropy = best_step(trainer(entropy_coef=0.0), batch, repeats)
-    plain, optim = plain_step(model, *cuts, epochs=epochs, temperature=temperature,
-                              repeats=repeats, **has)
+def breakdown(micro: int, step: float, plain: float, optim: float, hooks: float,
+              no_entropy: float) -> list[dict]:
+    """Where a step's time over the plain passes goes (module docstring), from the step, the
+    plain passes and AdamW of the same row, FSDP's hooks and the step without entropy bonus."""
     rest = step - plain - optim
     parts = {"FSDP hooks": hooks, "entropy bonus gradient": step - no_entropy}  # < 0: noise
     parts["losses, clipping, advantages, metrics (the remainder)"] = rest - sum(parts.values())
@@ -186,32 +173,32 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None,
             algo = dataclasses.asdict(cfg.algorithm)
             del algo["reasoning_reward"]  # an env setting
             base = None
-            for micro in micro_sizes:
-                trainer = Trainer(TrainerConfig.from_dict(
-                    {"model_path": str(model), **algo, "micro_batch_size": micro}))
-                trainer.train_step(batch, version=0)  # warm-up
-                times, prepare_s, padding = [], [], 0.0
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    out = trainer.train_step(batch, version=0)
-                    times.append(time.perf_counter() - t0)
-                    padding = out["learner/padding"]
-                    prepare_s.append(out["timing/prepare_s"])
-                best = min(times)
+
+            def trainer_for(micro: int, **changes) -> Trainer:
+                return Trainer(TrainerConfig.from_dict(
+                    {"model_path": str(model), **algo, "micro_batch_size": micro, **changes}))
+
+            sizes = micro_sizes if split is None or split in micro_sizes else [*micro_sizes, split]
+            for micro in sizes:
+                trainer = trainer_for(micro)
+                best, outs = timed_steps(trainer, batch, repeats)
                 base = base or best
+                hooks = fsdp_hook_s(trainer, batch) if micro == split else None
                 cuts, epochs, temperature = _cuts(trainer, batch), trainer.cfg.epochs, trainer.cfg.temperature
                 has = {"critic": trainer.critic is not None, "ref": trainer.ref is not None}
                 del trainer
                 plain, optim = plain_step(model, *cuts, epochs=epochs, temperature=temperature,
                                           repeats=repeats, **has)
                 rows.append({"micro_batch_size": micro or "whole", "step_s": round(best, 2),
-                             "padding": round(padding, 3), "speed_vs_whole": f"{base / best:.2f}x",
-                             "prepare_s": round(min(prepare_s), 2), "plain_passes_s": round(plain, 2),
-                             "adamw_s": round(optim, 2),
+                             "padding": round(outs[-1]["learner/padding"], 3),
+                             "speed_vs_whole": f"{base / best:.2f}x",
+                             "prepare_s": round(min(o["timing/prepare_s"] for o in outs), 2),
+                             "plain_passes_s": round(plain, 2), "adamw_s": round(optim, 2),
                              "step / (plain + adamw)": f"{best / (plain + optim):.2f}x",
                              "step / plain": f"{best / plain:.2f}x"})
-            if split is not None:
-                parts = breakdown(model, algo, batch, split, repeats)
+                if micro == split:
+                    no_entropy = timed_steps(trainer_for(micro, entropy_coef=0.0), batch, repeats)[0]
+                    parts = breakdown(micro, best, plain, optim, hooks, no_entropy)
     finally:
         dist.destroy_process_group()
     return rows, parts
