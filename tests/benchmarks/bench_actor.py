@@ -193,21 +193,20 @@ def main() -> None:
         report(raw_rows)
 
 
-def cpu_seconds() -> dict[str, float]:
-    """CPU seconds (user + system) so far of this process (the actor, or the replay's loop),
-    of vLLM's engine core and worker processes, and of the rest of its children (env workers)."""
-    import psutil
+VLLM_KINDS = ("EngineCore", "VLLM::Worker")
+"""launch/memory.py's process kinds of vLLM's engine core and worker."""
 
-    me = psutil.Process()
-    out = {"this process": 0.0, "vLLM": 0.0, "env workers": 0.0}
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t, name = p.cpu_times(), " ".join(p.cmdline())
-        except psutil.Error:
-            continue
-        kind = ("this process" if p.pid == me.pid else
-                "vLLM" if "VLLM" in name or "EngineCore" in name else "env workers")
-        out[kind] += t.user + t.system
+
+def cpu_seconds(monitor) -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process (the actor, or the replay's loop),
+    of vLLM's engine core and worker processes, and of the rest of its children (env workers),
+    as ``monitor`` (a launch/memory.py MemoryMonitor of this process) classifies them."""
+    monitor.sample_cpu()
+    out = dict.fromkeys(("this process", "vLLM", "env workers"), 0.0)
+    for pid, (kind, seconds) in monitor.cpu_by_pid.items():
+        key = ("this process" if pid == os.getpid() else
+               "vLLM" if kind in VLLM_KINDS else "env workers")
+        out[key] += seconds
     return out
 
 
@@ -215,32 +214,39 @@ def against_vllm(loop, actor, concurrency: int, episodes: int, trials: int) -> l
     """``trials`` times: the actor plays ``episodes`` recorded episodes, then vLLM replays
     them; a row a trial with the CPU seconds each side's processes took, and the median
     ratio."""
+    from launch.memory import MemoryMonitor
+
     rows, ratios = [], []
+    monitor = MemoryMonitor(os.getpid(), interval_s=24 * 3600)  # CPU only, sampled by hand
 
     def spent(before: dict) -> dict:
-        return {k: v - before[k] for k, v in cpu_seconds().items()}
+        return {k: v - before[k] for k, v in cpu_seconds(monitor).items()}
 
-    for trial in range(trials):
-        actor.engine.calls, actor.engine.recording = [], True
-        before = cpu_seconds()
-        _, tok_s = play(loop, actor, episodes)
-        cpu_actor = spent(before)
-        actor.engine.recording = False
-        before = cpu_seconds()
-        raw = replay(loop, actor.engine.engine, actor.engine.calls, concurrency)
-        cpu_raw = spent(before)
-        ratios.append(tok_s / raw)
-        rows.append({"trial": trial + 1, "in flight": concurrency,
-                     "turns": len(actor.engine.calls),
-                     "episodes": len(episodes_of(actor.engine.calls)),
-                     "actor tokens/s": f"{tok_s:,.0f}", "vLLM tokens/s": f"{raw:,.0f}",
-                     "actor / vLLM": f"{tok_s / raw:.2f}",
-                     "CPU s, actor: its process / env workers / vLLM": " / ".join(
-                         f"{cpu_actor[k]:.2f}" for k in ("this process", "env workers", "vLLM")),
-                     "CPU s, replay: its process / vLLM": " / ".join(
-                         f"{cpu_raw[k]:.2f}" for k in ("this process", "vLLM"))})
+    try:
+        for trial in range(trials):
+            actor.engine.calls, actor.engine.recording = [], True
+            before = cpu_seconds(monitor)
+            _, tok_s = play(loop, actor, episodes)
+            cpu_actor = spent(before)
+            actor.engine.recording = False
+            before = cpu_seconds(monitor)
+            raw = replay(loop, actor.engine.engine, actor.engine.calls, concurrency)
+            cpu_raw = spent(before)
+            ratios.append(tok_s / raw)
+            rows.append({"trial": trial + 1, "in flight": concurrency,
+                         "turns": len(actor.engine.calls),
+                         "episodes": len(episodes_of(actor.engine.calls)),
+                         "actor tokens/s": f"{tok_s:,.0f}", "vLLM tokens/s": f"{raw:,.0f}",
+                         "actor / vLLM": f"{tok_s / raw:.2f}",
+                         "CPU s, actor: its process / env workers / vLLM": " / ".join(
+                             f"{cpu_actor[k]:.2f}" for k in ("this process", "env workers", "vLLM")),
+                         "CPU s, replay: its process / vLLM": " / ".join(
+                             f"{cpu_raw[k]:.2f}" for k in ("this process", "vLLM"))})
+    finally:
+        monitor.close()
     rows.append({"trial": "median", "actor / vLLM": f"{statistics.median(ratios):.2f}"})
     return rows
+
 
 if __name__ == "__main__":
     main()
