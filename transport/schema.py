@@ -27,13 +27,13 @@ Invariants of a Trajectory:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any
 
 import msgspec
 import numpy as np
 
+from transport import flags
 from transport.codec import CodecError
 
 SCHEMA_VERSION = 4
@@ -123,7 +123,7 @@ class Trajectory:
             "actor_id": self.actor_id, "episode_id": self.episode_id, "env_name": self.env_name,
             "seed": self.seed, "group_id": self.group_id,
             "token_ids": _le(self.token_ids, "<i4"),
-            "flags": np.add(self.loss_mask.view(np.uint8), self.turn_end.view(np.uint8)).data,
+            "flags": self._flags(),
             "behaviour_logprobs": _le(self.behaviour_logprobs, "<f4"),
             "policy_version": _le(self.policy_version, "<i4"),
             "turn_rewards": _le(self.turn_rewards, "<f4"),
@@ -131,6 +131,12 @@ class Trajectory:
             "images": [vars(img) for img in self.images], "metrics": self.metrics,
             "created_at": self.created_at,
         }
+
+    def _flags(self) -> bytes:
+        packed = flags.pack(self.loss_mask, self.turn_end)
+        if packed is None:
+            raise SchemaError("turn_end marks a token outside loss_mask, or their lengths differ")
+        return packed
 
     @classmethod
     def from_bytes(cls, payload: bytes | bytearray | memoryview) -> "Trajectory":
@@ -143,44 +149,39 @@ class Trajectory:
             raise CodecError(f"malformed message: {type(e).__name__}: {e}"[:300]) from None
         if wire.schema_version != SCHEMA_VERSION:
             raise SchemaError(f"schema_version {wire.schema_version}, expected {SCHEMA_VERSION}")
-        flags = wire.flags
-        length = len(flags)
+        length = len(wire.flags)
         if length > MAX_TOKENS:
             raise SchemaError(f"{length} tokens, the limit is {MAX_TOKENS}")
-        for name in ("token_ids", "behaviour_logprobs", "policy_version"):
-            if len(getattr(wire, name)) != 4 * length:
-                raise SchemaError(f"{name} has length {len(getattr(wire, name)) / 4:g}, "
-                                  f"flags has {length}")
-        bits = np.frombuffer(flags, np.uint8)
-        if length and bits.max() > 2:
+        if not (len(wire.token_ids) == len(wire.behaviour_logprobs) == len(wire.policy_version)
+                == 4 * length):
+            name = next(name for name in ("token_ids", "behaviour_logprobs", "policy_version")
+                        if len(getattr(wire, name)) != 4 * length)
+            raise SchemaError(f"{name} has length {len(getattr(wire, name)) / 4:g}, "
+                              f"flags has {length}")
+        if len(wire.turn_rewards) % 4:
+            raise SchemaError(f"turn_rewards has {len(wire.turn_rewards)} bytes, not float32s")
+        loss_mask, turn_end, turns = flags.unpack(wire.flags, wire.behaviour_logprobs,
+                                                  wire.turn_rewards)
+        if turns == flags.BAD_FLAG:
             raise SchemaError("flags must be 0, 1 or 2 (an environment token, a policy token, "
                               "a turn's last policy token)")
-        turn_end = bits == 2
-        turns = int(np.count_nonzero(turn_end))
+        if turns == flags.NON_FINITE:
+            raise SchemaError("turn_rewards and behaviour_logprobs must be finite")
         if len(wire.turn_rewards) != 4 * turns:
             raise SchemaError(f"{len(wire.turn_rewards) / 4:g} turn_rewards for {turns} turn ends")
-        logprobs = np.frombuffer(wire.behaviour_logprobs, "<f4")
-        rewards = np.frombuffer(wire.turn_rewards, "<f4")
-        # Finite float32 rewards (a few) sum to a finite Python float; a nan or an inf does not.
-        if not (np.isfinite(logprobs).all() and math.isfinite(sum(rewards.tolist()))):
-            raise SchemaError("turn_rewards and behaviour_logprobs must be finite")
-        return cls._checked(
+        # Built from checked fields: skips __post_init__'s second pass (and a call's kwargs).
+        self = cls.__new__(cls)
+        self.__dict__.update(
             run_id=wire.run_id, actor_id=wire.actor_id, episode_id=wire.episode_id,
             env_name=wire.env_name, seed=wire.seed, group_id=wire.group_id,
-            group_size=wire.group_size, final_reward=wire.final_reward,
-            created_at=wire.created_at, schema_version=wire.schema_version,
-            token_ids=np.frombuffer(wire.token_ids, "<i4"), loss_mask=bits.astype(bool),
-            turn_end=turn_end, behaviour_logprobs=logprobs,
+            token_ids=np.frombuffer(wire.token_ids, "<i4"), loss_mask=loss_mask,
+            turn_end=turn_end, behaviour_logprobs=np.frombuffer(wire.behaviour_logprobs, "<f4"),
             policy_version=np.frombuffer(wire.policy_version, "<i4"),
-            turn_rewards=rewards, metrics=wire.metrics,
+            turn_rewards=np.frombuffer(wire.turn_rewards, "<f4"), final_reward=wire.final_reward,
+            group_size=wire.group_size, metrics=wire.metrics,
             images=[EncodedImage(i.png, i.height, i.width) for i in wire.images],
+            created_at=wire.created_at, schema_version=wire.schema_version,
         )
-
-    @classmethod
-    def _checked(cls, **values: Any) -> "Trajectory":
-        """Built from fields ``from_bytes`` has checked: skips ``__post_init__``'s second pass."""
-        self = cls.__new__(cls)
-        self.__dict__.update(values)
         return self
 
 

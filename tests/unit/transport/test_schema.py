@@ -6,8 +6,16 @@ import msgpack
 import numpy as np
 import pytest
 
+from transport import flags
 from transport.codec import CodecError
 from transport.schema import SCHEMA_VERSION, EncodedImage, SchemaError, Trajectory
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def flags_path(request, monkeypatch):
+    """Every test runs with the compiled flags kernels and with their numpy fallback."""
+    if request.param == "numpy":
+        monkeypatch.setattr(flags, "_flags", None)
 
 
 def _trajectory(**overrides):
@@ -102,6 +110,7 @@ def test_malformed_wire_messages_are_rejected():
         "token_ids has length 9, flags has 10": [dict(good, token_ids=good["token_ids"][:36])],
         "policy_version has length 10.5": [dict(good, policy_version=good["policy_version"] + b"xy")],
         "turn_rewards for 2 turn ends": [dict(good, turn_rewards=good["turn_rewards"][:4])],
+        "turn_rewards has 7 bytes, not float32s": [dict(good, turn_rewards=good["turn_rewards"][:7])],
         "flags must be 0, 1 or 2": [dict(good, flags=b"\x07" * 10),
                                     dict(good, flags=b"\x00" * 9 + b"\x03")],
         "finite": [dict(good, behaviour_logprobs=np.full(10, np.inf, "<f4").tobytes()),
