@@ -10,6 +10,7 @@ them.
   copying receives and with zero-copy ones; the faster of the two is the baseline.
 - Each end alone: our sender into a raw ROUTER (which grants it one unbounded window), and a raw
   DEALER into our receiver; where the rest of the gap is.
+- Ours with the flags packed and checked in numpy instead of transport/_flags.c, both ends.
 - The floor of a checked receiver: a raw DEALER into a ROUTER that runs only msgspec's typed
   decode of each payload (types, unknown and missing fields; none of the checks after it).
 
@@ -27,6 +28,7 @@ import time
 import zmq
 
 from tests.benchmarks.report import report
+from transport import flags
 from tests.unit.transport.trajectories import make_trajectory
 from transport.schema import _DECODER
 from transport.stream import TrajectoryReceiver, TrajectorySender
@@ -45,6 +47,11 @@ def _ours_actor(address: str, length: int, n: int, received) -> None:
     tx.close()
 
 
+def _ours_actor_numpy(address: str, length: int, n: int, received) -> None:
+    flags._flags = None  # this process packs in numpy
+    _ours_actor(address, length, n, received)
+
+
 def _raw_actor(address: str, length: int, n: int, received) -> None:
     payloads = [t.to_bytes() for t in _trajectories(length)]
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -58,9 +65,12 @@ def _raw_actor(address: str, length: int, n: int, received) -> None:
 class _OurEnd:
     """The learner's end: our receiver; a message counts once decoded, checked and released."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, numpy_flags: bool = False) -> None:
         self.rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=32 << 20)
         self.address = self.rx.address
+        self.compiled = flags._flags
+        if numpy_flags:
+            flags._flags = None  # checks in numpy until close
 
     def receive(self) -> int:
         items = self.rx.poll(1.0)
@@ -69,6 +79,7 @@ class _OurEnd:
         return len(items)
 
     def close(self) -> None:
+        flags._flags = self.compiled
         self.rx.close()
 
 
@@ -143,7 +154,8 @@ def main() -> None:
     for length in (2048, 16384):
         n = args.messages if length == 2048 else args.messages // 4
         rates: dict[str, list[float]] = {"raw, copying": [], "raw, zero-copy": [], "ours": [],
-                                         "our sender": [], "our receiver": [], "decode only": []}
+                                         "our sender": [], "our receiver": [], "decode only": [],
+                                         "ours, numpy flags": []}
         for _ in range(args.trials):
             rates["raw, copying"].append(run(_raw_actor, _RawEnd(copy=True), length, n))
             rates["raw, zero-copy"].append(run(_raw_actor, _RawEnd(copy=False), length, n))
@@ -151,7 +163,10 @@ def main() -> None:
             rates["our sender"].append(run(_ours_actor, _RawEnd(), length, n))
             rates["our receiver"].append(run(_raw_actor, _OurEnd(), length, n))
             rates["decode only"].append(run(_raw_actor, _DecodeOnlyEnd(), length, n))
-        median = {k: statistics.median(v) for k, v in rates.items()}
+            if flags.COMPILED:
+                rates["ours, numpy flags"].append(
+                    run(_ours_actor_numpy, _OurEnd(numpy_flags=True), length, n))
+        median = {k: statistics.median(v) for k, v in rates.items() if v}
         raw = max(median["raw, copying"], median["raw, zero-copy"])
         size = len(_trajectories(length)[0].to_bytes())
         rows.append({
@@ -161,6 +176,8 @@ def main() -> None:
             "ours msg/s": f"{median['ours']:,.0f}",
             "ours MB/s": f"{median['ours'] * size / 1e6:,.0f}",
             "ours / raw (faster)": f"{median['ours'] / raw:.2f}",
+            "ours, flags in numpy / raw": (f"{median['ours, numpy flags'] / raw:.2f}"
+                                           if flags.COMPILED else "(not built)"),
             "our sender alone / raw": f"{median['our sender'] / raw:.2f}",
             "our receiver alone / raw": f"{median['our receiver'] / raw:.2f}",
             "typed decode alone / raw": f"{median['decode only'] / raw:.2f}",
