@@ -14,6 +14,10 @@
  * (a msgpack payload does not align them), so a non-finite value is one whose exponent bits are
  * all ones. The loops are branch-free so that the compiler vectorises them.
  */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#error "the wire's floats are little-endian: on this host transport/flags.py's numpy path runs"
+#endif
+
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>

@@ -164,10 +164,11 @@ def test_a_replacement_that_cannot_start_leaves_the_worker_down_until_one_can(tm
     """The replacement of a killed worker fails to build its envs: its slots fail with
     worker_down and nothing raises; once start_timeout_s has passed and the envs can be built
     again, the next call brings the worker back, and the call's own timeout (shorter than the
-    0.7 s start) counts from then. The other worker serves all along."""
+    1.4 s start of two envs) counts from then. The other worker serves all along (a 1 s timeout
+    leaves it room on a loaded machine: 0.5 s timed out beside three busy processes)."""
     block = tmp_path / "block"
     with _pool("flaky_factory", {"block": str(block), "start_s": 0.7}, start_timeout_s=3.0,
-               step_timeout_s=0.5, reset_timeout_s=0.5) as pool:
+               step_timeout_s=1.0, reset_timeout_s=1.0) as pool:
         pool.reset([0, 1, 2, 3], [0, 1, 2, 3])
         block.touch()
         dead = pool.worker_pids()[0]
