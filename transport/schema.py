@@ -2,8 +2,9 @@
 
 Messages are plain dataclasses, checked when built. A Trajectory travels as typed msgpack
 (``to_bytes`` / ``from_bytes``): msgspec decodes it against ``_WireTrajectory`` in compiled code
-(every field's type, unknown and missing fields, ranges), and ``from_bytes`` checks in a few
-vectorised passes what a type cannot say (lengths, flags, finiteness). A received message is
+(every field's type, unknown and missing fields, ranges), and ``from_bytes`` checks what a
+type cannot say: the lengths, then the flags and finiteness in one compiled pass that also
+builds both masks (transport/flags.py; numpy where it is not built). A received message is
 untrusted input: anything wrong raises ``SchemaError`` (a ValueError) naming the field, or
 ``CodecError`` for bytes that are not msgpack, and never anything else; nothing is unpickled.
 
