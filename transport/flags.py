@@ -41,9 +41,10 @@ def unpack(flags, logprobs, rewards) -> tuple[np.ndarray, np.ndarray, int]:
     ``logprobs`` and ``rewards`` are bytes-like."""
     if _flags is None:
         return unpack_numpy(flags, logprobs, rewards)
-    masks = np.empty(2 * len(flags), np.bool_)
+    n = len(flags)
+    masks = np.empty(2 * n, np.bool_)
     turns = _flags.unpack(flags, logprobs, rewards, masks)
-    return masks[:len(flags)], masks[len(flags):], turns
+    return masks[:n], masks[n:], turns
 
 
 def pack_numpy(loss_mask: np.ndarray, turn_end: np.ndarray) -> bytes | None:

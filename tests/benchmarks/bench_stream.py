@@ -163,24 +163,23 @@ def main() -> None:
     rows = []
     for length in (2048, 16384):
         n = args.messages if length == 2048 else args.messages // 4
-        rates: dict[str, list[float]] = {"raw, copying": [], "raw, zero-copy": [], "ours": [],
-                                         "our sender": [], "our receiver": [], "decode only": [],
-                                         "ours, numpy flags": []}
-        cpu_us: dict[str, list[float]] = {k: [] for k in rates}
+        runs = [  # (name, actor, end), each end made when its run starts
+            ("raw, copying", _raw_actor, partial(_RawEnd, copy=True)),
+            ("raw, zero-copy", _raw_actor, partial(_RawEnd, copy=False)),
+            ("ours", _ours_actor, _OurEnd),
+            ("our sender", _ours_actor, _RawEnd),
+            ("our receiver", _raw_actor, _OurEnd),
+            ("decode only", _raw_actor, _DecodeOnlyEnd),
+        ] + ([("ours, numpy flags", _ours_actor_numpy, partial(_OurEnd, numpy_flags=True))]
+             if flags.COMPILED else [])
+        rates: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+        cpu_us: dict[str, list[float]] = {name: [] for name, _, _ in runs}
         for _ in range(args.trials):
-            for name, actor, end in [  # each end is made when its run starts
-                ("raw, copying", _raw_actor, partial(_RawEnd, copy=True)),
-                ("raw, zero-copy", _raw_actor, partial(_RawEnd, copy=False)),
-                ("ours", _ours_actor, _OurEnd),
-                ("our sender", _ours_actor, _RawEnd),
-                ("our receiver", _raw_actor, _OurEnd),
-                ("decode only", _raw_actor, _DecodeOnlyEnd),
-            ] + ([("ours, numpy flags", _ours_actor_numpy, partial(_OurEnd, numpy_flags=True))]
-                 if flags.COMPILED else []):
+            for name, actor, end in runs:
                 rate, cpu = run(actor, end(), length, n)
                 rates[name].append(rate)
                 cpu_us[name].append(cpu)
-        median = {k: statistics.median(v) for k, v in rates.items() if v}
+        median = {k: statistics.median(v) for k, v in rates.items()}
         fastest = max(("raw, copying", "raw, zero-copy"), key=median.get)
         raw = median[fastest]
         size = len(_trajectories(length)[0].to_bytes())
