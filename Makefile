@@ -43,7 +43,7 @@ train: install
 
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -X faulthandler -m pytest $(ARGS)
 
 test-slow: install
 	$(BIN)/python -m pytest -m slow $(ARGS)

@@ -97,13 +97,16 @@ class TrajectorySender:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._credit <= 0:
             self._take_credit(deadline)
+        # Copied into ZeroMQ (a memcpy, ~5 µs at 200 KiB): a zero-copy send above
+        # zmq.COPY_THRESHOLD lends the payload through pyzmq's garbage-collector thread, whose
+        # socket is closed at exit, so a message still held then is released through freed memory.
         try:  # the common case, a free queue, costs no poll
-            self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK, copy=False)
+            self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK)
         except zmq.Again:
             if not self._socket.poll(_wait_ms(deadline), zmq.POLLOUT):
                 raise TimeoutError(
                     f"actor {self.actor_id}: the connection to the learner is gone") from None
-            self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK, copy=False)
+            self._socket.send_multipart([TRAJ, payload], flags=zmq.NOBLOCK)
         self._credit -= len(payload)
         self.sent += 1
         self.sent_bytes += len(payload)

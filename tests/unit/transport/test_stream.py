@@ -267,3 +267,26 @@ def test_released_credit_goes_back_in_one_frame_per_actor_at_the_next_poll():
     finally:
         actor.close()
         rx.close()
+
+
+def test_a_large_payload_is_copied_into_zeromq_not_lent_through_pyzmqs_garbage_collector():
+    """Above zmq.COPY_THRESHOLD a zero-copy send leaves the payload's release to pyzmq's
+    garbage-collector thread, whose socket is closed at exit: a trajectory still held then is
+    released through a freed socket during interpreter shutdown (valgrind shows the invalid reads;
+    the test suite's process once died of it). The sender copies, so nothing is lent."""
+    from zmq.utils.garbage import gc
+
+    rx = TrajectoryReceiver("inproc://stream-copies-its-payload", window_bytes=1 << 24)
+    tx = TrajectorySender(rx.address, actor_id=0)
+    try:
+        _settle(rx, 0.2)
+        sent = make_trajectory(length=16384, seed=1)
+        assert len(sent.to_bytes()) > zmq.COPY_THRESHOLD
+        lent_before = len(gc.refs)
+        tx.send(sent, timeout_s=5)
+        got = _drain(rx, 1)
+        assert len(got) == 1 and np.array_equal(got[0][1].token_ids, sent.token_ids)
+        assert len(gc.refs) == lent_before  # the receiver holds the message: a loan would show
+    finally:
+        tx.close(flush_s=0)
+        rx.close()
