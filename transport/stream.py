@@ -83,6 +83,7 @@ class TrajectorySender:
         self.sent_bytes = 0
         self._credit = 0
         self._has_window = False
+        self._payload = bytearray()
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IDENTITY, f"actor-{actor_id}".encode())
         if curve is not None:
@@ -93,7 +94,8 @@ class TrajectorySender:
 
     def send(self, trajectory: Trajectory, *, timeout_s: float | None = None) -> None:
         """Send one trajectory; waits for credit (raises TimeoutError after ``timeout_s``)."""
-        payload = trajectory.to_bytes()
+        payload = self._payload  # encoded into one reused buffer; ZeroMQ copies it (below)
+        trajectory.encode_into(payload)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._credit <= 0:
             self._take_credit(deadline)

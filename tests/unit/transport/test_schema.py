@@ -53,6 +53,7 @@ def test_round_trip_and_staleness_anchor():
 def test_round_trips_equal_the_original_on_random_trajectories():
     """Property: any valid trajectory (random lengths, turns, flags, values) comes back equal."""
     rng = np.random.default_rng(0)
+    reused = bytearray(b"stale bytes of a longer earlier message" * 100)
     for _ in range(200):
         length = int(rng.integers(0, 300))
         mask = rng.random(length) < 0.5
@@ -64,10 +65,22 @@ def test_round_trips_equal_the_original_on_random_trajectories():
             turn_rewards=rng.normal(size=int(ends.sum())).astype(np.float32),
             images=[], metrics={"m": float(rng.normal())}, group_size=int(rng.integers(0, 9)))
         back = Trajectory.from_bytes(t.to_bytes())
+        t.encode_into(reused)  # a sender's buffer: grows and shrinks with the messages
+        assert reused == t.to_bytes()
         for name in ("token_ids", "loss_mask", "turn_end", "behaviour_logprobs", "policy_version",
                      "turn_rewards"):
             assert np.array_equal(getattr(back, name), getattr(t, name)), name
         assert back.to_wire() == t.to_wire()
+
+
+def test_a_trajectory_that_cannot_be_encoded_is_a_codec_error_either_way():
+    t = _trajectory()
+    t.metrics["when"] = object()  # changed after the checks at construction
+    with pytest.raises(CodecError, match="cannot encode"):
+        t.to_bytes()
+    buffer = bytearray(b"kept")
+    with pytest.raises(CodecError, match="cannot encode"):
+        t.encode_into(buffer)
 
 
 def _packed(msg) -> bytes:
