@@ -181,14 +181,17 @@ class TrajectoryReceiver:
         """
         self._flush_credit()
         out: list[tuple[str, Trajectory, int]] = []
-        if not self._socket.poll(int(timeout_s * 1000), zmq.POLLIN):
-            return out
-        sock = self._socket
+        sock, waited = self._socket, timeout_s <= 0
         while len(out) < max_messages:
-            try:  # what is queued is read without a poll a message
+            try:  # what is queued is read without a poll (pyzmq's costs a Poller a call)
                 frame = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                break
+                if out or waited:
+                    break
+                waited = True  # nothing yet: wait once, for the first message
+                if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+                    break
+                continue
             actor = frame.bytes.decode("utf-8", "replace")
             frames = []  # the rest of the message, in place (a frame knows whether more follow)
             while frame.more:

@@ -290,3 +290,21 @@ def test_a_large_payload_is_copied_into_zeromq_not_lent_through_pyzmqs_garbage_c
     finally:
         tx.close(flush_s=0)
         rx.close()
+
+
+def test_poll_waits_for_the_first_message_and_no_longer(receiver):
+    tx = TrajectorySender(receiver.address, actor_id=4)
+    try:
+        _settle(receiver, 0.3)
+        t0 = time.monotonic()
+        assert receiver.poll(0.3) == []  # nothing comes: the whole timeout is waited
+        assert time.monotonic() - t0 >= 0.29
+        late = threading.Timer(0.2, tx.send, (make_trajectory(4, 1, length=32),), {"timeout_s": 5})
+        late.start()
+        t0 = time.monotonic()
+        got = receiver.poll(5.0)  # returns with the first message, not at the timeout
+        late.join()
+        assert [t.episode_id for _, t, _ in got] == [1] and 0.15 <= time.monotonic() - t0 < 2.0
+        assert receiver.poll(0) == []
+    finally:
+        tx.close(flush_s=0)
