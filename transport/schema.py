@@ -110,8 +110,8 @@ class Trajectory:
 
     def encode_into(self, buffer: bytearray) -> None:
         """``to_bytes`` written over ``buffer``, which is resized to fit: a sender that reuses one
-        buffer encodes into memory that stays mapped and warm (half the time of a fresh bytes
-        object a message, measured at 2k and 16k tokens)."""
+        buffer encodes into memory that stays mapped and warm instead of a fresh bytes object a
+        message (13.1 -> 8.9 us at 16k tokens in a loop, 3.5 -> 3.3 us at 2k)."""
         try:
             _ENCODER.encode_into(self._wire_fields(), buffer)
         except (TypeError, msgspec.EncodeError) as e:
