@@ -13,6 +13,8 @@ them.
 - Ours with the flags packed and checked in numpy instead of transport/_flags.c, both ends.
 - The floor of a checked receiver: a raw DEALER into a ROUTER that runs only msgspec's typed
   decode of each payload (types, unknown and missing fields; none of the checks after it).
+- ``--stages`` instead: our receiver fed by a raw DEALER, cut after each stage of what it does
+  with a payload (``STAGES``), and the CPU of its main thread a message against raw's.
 
 Each is run ``--trials`` times, interleaved, and the medians are compared: the ratio of
 messages/s is the figure that matters (aim: 0.9 or better). With both cores busy it follows the
@@ -29,12 +31,13 @@ import statistics
 import time
 from functools import partial
 
+import numpy as np
 import psutil
 import zmq
 
 from tests.benchmarks.report import report
 from tests.unit.transport.trajectories import make_trajectory
-from transport import flags
+from transport import flags, stream
 from transport.schema import _DECODER
 from transport.stream import TrajectoryReceiver, TrajectorySender
 
@@ -124,6 +127,71 @@ class _DecodeOnlyEnd(_RawEnd):
         return 1
 
 
+def _received(payload, actor, max_bytes):
+    return payload
+
+
+def _decoded(payload, actor, max_bytes):
+    return _DECODER.decode(payload)
+
+
+def _checked(payload, actor, max_bytes):
+    wire = _DECODER.decode(payload)
+    flags.unpack(wire.flags, wire.behaviour_logprobs, wire.turn_rewards)
+    return wire
+
+
+def _masks_kept(payload, actor, max_bytes):
+    wire = _DECODER.decode(payload)
+    return wire, flags.unpack(wire.flags, wire.behaviour_logprobs, wire.turn_rewards)
+
+
+def _arrays_kept(payload, actor, max_bytes):
+    wire, masks = _masks_kept(payload, actor, max_bytes)
+    return wire, masks, [np.frombuffer(getattr(wire, name), dtype) for name, dtype in (
+        ("token_ids", "<i4"), ("behaviour_logprobs", "<f4"), ("policy_version", "<i4"),
+        ("turn_rewards", "<f4"))]
+
+
+STAGES = [  # what the receiver does with a payload, cumulatively; each result is kept
+    ("the receive loop only", _received),
+    ("+ typed decode", _decoded),
+    ("+ flags pass (every check done)", _checked),
+    ("+ its masks kept", _masks_kept),
+    ("+ four arrays over the payload", _arrays_kept),
+    ("+ the Trajectory (from_bytes)", stream.decode_trajectory),
+]
+
+
+class _StagedEnd(_OurEnd):
+    """Our receiver fed by a raw sender, running ``decode`` in place of decode_trajectory."""
+
+    def __init__(self, decode) -> None:
+        super().__init__()
+        self.decode, stream.decode_trajectory = stream.decode_trajectory, decode
+
+    def close(self) -> None:
+        stream.decode_trajectory = self.decode
+        super().close()
+
+
+def stages(length: int, n: int, trials: int) -> list[dict]:
+    """Where the receiver's main thread spends its time: our receiver fed by a raw sender, with
+    decode_trajectory cut after each stage, against raw's receiver in the same run."""
+    runs = [("raw", partial(_RawEnd, copy=True))] + [
+        (name, partial(_StagedEnd, decode)) for name, decode in STAGES]
+    results: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name, _ in runs}
+    for _ in range(trials):
+        for name, end in runs:
+            results[name].append(run(_raw_actor, end(), length, n))
+    raw = statistics.median(rate for rate, _ in results["raw"])
+    return [{
+        "tokens": length, "receiver does": name,
+        "msg/s / raw": f"{statistics.median(rate for rate, _ in r) / raw:.2f}",
+        "receiver main thread, us a message": f"{_median_cpu([c for _, c in r], 'receiver main'):.1f}",
+    } for name, r in results.items()]
+
+
 def run(actor, end, length: int, n: int) -> tuple[float, dict[str, float]]:
     """Messages/s of ``n`` trajectories from ``actor`` (a process) into ``end``, and the CPU
     microseconds a message of each process's main thread and of their other threads (ZeroMQ's
@@ -166,7 +234,14 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=4000, help="2k-token messages a trial")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--json", help="also save the rows here")
+    parser.add_argument("--stages", action="store_true",
+                        help="only where the receiver's time goes, stage by stage")
     args = parser.parse_args()
+    if args.stages:
+        report([row for length in (2048, 16384) for row in stages(
+            length, args.messages if length == 2048 else args.messages // 4, args.trials)],
+            args.json)
+        return
     rows = []
     for length in (2048, 16384):
         n = args.messages if length == 2048 else args.messages // 4
