@@ -188,7 +188,8 @@ def stages(length: int, n: int, trials: int) -> list[dict]:
     return [{
         "tokens": length, "receiver does": name,
         "msg/s / raw": f"{statistics.median(rate for rate, _ in r) / raw:.2f}",
-        "receiver main thread, us a message": f"{_median_cpu([c for _, c in r], 'receiver main'):.1f}",
+        "receiver main thread, us a message":
+            f"{_median_cpu([cpu for _, cpu in r], 'receiver main'):.1f}",
     } for name, r in results.items()]
 
 
@@ -225,7 +226,8 @@ def _cpu(sender: psutil.Process, receiver: psutil.Process) -> dict[str, float]:
     out = {"sender main": 0.0, "receiver main": 0.0, "I/O": 0.0}
     for name, process in (("sender main", sender), ("receiver main", receiver)):
         for thread in process.threads():
-            out[name if thread.id == process.pid else "I/O"] += thread.user_time + thread.system_time
+            part = name if thread.id == process.pid else "I/O"
+            out[part] += thread.user_time + thread.system_time
     return out
 
 
