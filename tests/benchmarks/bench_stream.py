@@ -135,15 +135,13 @@ def _decoded(payload, actor, max_bytes):
     return _DECODER.decode(payload)
 
 
-def _checked(payload, actor, max_bytes):
-    wire = _DECODER.decode(payload)
-    flags.unpack(wire.flags, wire.behaviour_logprobs, wire.turn_rewards)
-    return wire
-
-
 def _masks_kept(payload, actor, max_bytes):
     wire = _DECODER.decode(payload)
     return wire, flags.unpack(wire.flags, wire.behaviour_logprobs, wire.turn_rewards)
+
+
+def _checked(payload, actor, max_bytes):
+    return _masks_kept(payload, actor, max_bytes)[0]  # the masks are dropped at once
 
 
 def _arrays_kept(payload, actor, max_bytes):

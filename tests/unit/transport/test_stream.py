@@ -273,7 +273,8 @@ def test_a_large_payload_is_copied_into_zeromq_not_lent_through_pyzmqs_garbage_c
     """Above zmq.COPY_THRESHOLD a zero-copy send leaves the payload's release to pyzmq's
     garbage-collector thread, whose socket is closed at exit: a trajectory still held then is
     released through a freed socket during interpreter shutdown (valgrind shows the invalid reads;
-    the test suite's process once died of it). The sender copies, so nothing is lent."""
+    it fits the one time the test suite's process died at exit). The sender copies, so nothing
+    is lent."""
     from zmq.utils.garbage import gc
 
     rx = TrajectoryReceiver("inproc://stream-copies-its-payload", window_bytes=1 << 24)
