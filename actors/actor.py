@@ -50,6 +50,7 @@ from actors.weight_updates import WeightUpdateError, WeightUpdates  # noqa: F401
 from envs.pool import EnvPool
 from envs.registry import resolve_config
 from envs.service import EnvServiceError, LatencyEnvClient, LocalEnvClient, RemoteEnvClient
+from transport import heap
 from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
@@ -113,6 +114,7 @@ class InferenceActor(WeightUpdates):
         cfg = self.cfg
         redirect_output(cfg.log_file)  # before the engine starts: its processes inherit it
         bound = bind_cores(cfg.cores)  # before the engine and env workers start: they inherit it
+        heap.keep_freed()  # sent messages reuse freed blocks (transport/heap.py)
         if bound:  # and the vLLM workers' OpenMP threads go to the same cores
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(bound, cfg.tensor_parallel)
         elif cfg.tensor_parallel > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:

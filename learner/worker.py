@@ -160,6 +160,7 @@ class LearnerWorker:
                                     rank=self.rank, world_size=self.world_size, timeout=timeout)
         self._objects = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
         cores = bind_cores(cfg.cores)
+        heap.keep_freed()  # the stream's messages reuse freed blocks; train_step trims
         if cfg.threads or cores:
             torch.set_num_threads(cfg.threads or len(cores))
         self.trainer = Trainer(cfg.trainer, device=device)

@@ -1,4 +1,5 @@
-"""Give freed heap memory back to the operating system (glibc's ``malloc_trim``).
+"""When freed heap memory goes back to the operating system: at once (glibc's defaults), when a
+step ends (``trim``), or when much of it is free (``keep_freed``).
 
 A long run allocates and frees blocks of every size each step: batches of variable length and
 the gathered state dict of every publish in the learner, the temporaries of every weight reload
@@ -9,7 +10,9 @@ every arena back (it also releases pages in the middle of a heap), which bounds 
 takes milliseconds, so the learner calls it once per step and the actor's vLLM worker once per
 weight update.
 
-A no-op where the C library is not glibc (macOS, musl).
+The trajectory stream wants the opposite between steps: ``keep_freed`` keeps the blocks of
+received and sent messages mapped, for the next messages to reuse. A no-op where the C library
+is not glibc (macOS, musl).
 """
 
 from __future__ import annotations
@@ -30,3 +33,27 @@ def trim() -> bool:
     """Release the free pages of every malloc arena; True if any memory went back."""
     lib = _libc()
     return bool(lib.malloc_trim(ctypes.c_size_t(0))) if lib is not None else False
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+MMAP_THRESHOLD_MAX = 32 << 20  # the largest glibc accepts on 64-bit hosts
+
+
+def keep_freed(trim_threshold: int = 64 << 20) -> bool:
+    """Serve blocks up to ``MMAP_THRESHOLD_MAX`` from the heap, and shrink the heap only when more
+    than ``trim_threshold`` bytes are free at its top (or at ``trim()``). True where set.
+
+    For the trajectory stream's two ends. ZeroMQ allocates each message (hundreds of KiB at 16k
+    tokens) on one thread and frees it on another, and the receiver frees them several at a
+    time. glibc's defaults give such memory back to the system at once (a block above its
+    adaptive mmap threshold is unmapped when freed; a free that leaves twice that threshold at
+    a heap's top shrinks the heap), and the next messages fault the same pages back in, zeroed:
+    measured on a 2-core x86 machine, that cost the stream a fifth of its messages/s at 16k
+    tokens (docs/benchmarks.md). What stays mapped is bounded by ``trim_threshold``; the
+    learner's per-step ``trim()`` returns the rest.
+    """
+    lib = _libc()
+    if lib is None or not hasattr(lib, "mallopt"):
+        return False
+    return bool(lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+                and lib.mallopt(M_TRIM_THRESHOLD, min(trim_threshold, (1 << 31) - 1)))

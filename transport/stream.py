@@ -173,11 +173,15 @@ class TrajectoryReceiver:
             log.warning("transport/_flags.c is not built (the install builds it): trajectories "
                         "are checked in numpy, a few µs slower a message")
 
-    def poll(self, timeout_s: float = 0.0, *, max_messages: int = 1024) -> list[tuple[str, Trajectory, int]]:
+    def poll(self, timeout_s: float = 0.0, *, max_messages: int = 64) -> list[tuple[str, Trajectory, int]]:
         """Receive what arrived (waiting up to ``timeout_s`` for the first message).
 
         Returns (actor, trajectory, nbytes) for each valid trajectory; the caller must
         ``release(actor, nbytes)`` once it is done with each (that returns the actor's credit).
+        At most ``max_messages`` a call: a caller that is done with a batch before the next
+        call keeps the messages it holds few, and their memory warm for ZeroMQ to reuse
+        (measured on a 2-core x86 machine, 1024 a call cost a fifth of the messages/s at 2k
+        tokens).
         """
         self._flush_credit()
         out: list[tuple[str, Trajectory, int]] = []

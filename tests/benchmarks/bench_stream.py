@@ -16,6 +16,10 @@ them.
 - ``--stages`` instead: our receiver fed by a raw DEALER, cut after each stage of what it does
   with a payload (``STAGES``), and the CPU of its main thread a message against raw's.
 
+Both processes of every run use the stream's allocator settings (transport/heap.py
+``keep_freed``, as the learner and the actors do), raw's too; ``--glibc-defaults`` runs all
+without them.
+
 Each is run ``--trials`` times, interleaved, and the medians are compared: the ratio of
 messages/s is the figure that matters (aim: 0.9 or better). With both cores busy it follows the
 ratio of CPU time a message (both processes, every thread), which is also reported: in all, and
@@ -37,7 +41,7 @@ import zmq
 
 from tests.benchmarks.report import report
 from tests.unit.transport.trajectories import make_trajectory
-from transport import flags, stream
+from transport import flags, heap, stream
 from transport.schema import _DECODER
 from transport.stream import TrajectoryReceiver, TrajectorySender
 
@@ -46,7 +50,9 @@ def _trajectories(length: int):
     return [make_trajectory(0, e, length=length, turns=4, seed=e) for e in range(8)]
 
 
-def _ours_actor(address: str, length: int, n: int, received) -> None:
+def _ours_actor(address: str, length: int, n: int, received, keep_freed: bool = True) -> None:
+    if keep_freed:
+        heap.keep_freed()
     tx = TrajectorySender(address, actor_id=0)
     trajectories = _trajectories(length)
     for e in range(n):
@@ -55,12 +61,14 @@ def _ours_actor(address: str, length: int, n: int, received) -> None:
     tx.close()
 
 
-def _ours_actor_numpy(address: str, length: int, n: int, received) -> None:
+def _ours_actor_numpy(address: str, length: int, n: int, received, keep_freed: bool = True) -> None:
     flags._flags = None  # this process packs in numpy
-    _ours_actor(address, length, n, received)
+    _ours_actor(address, length, n, received, keep_freed)
 
 
-def _raw_actor(address: str, length: int, n: int, received) -> None:
+def _raw_actor(address: str, length: int, n: int, received, keep_freed: bool = True) -> None:
+    if keep_freed:
+        heap.keep_freed()
     payloads = [t.to_bytes() for t in _trajectories(length)]
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(address)
@@ -173,7 +181,7 @@ class _StagedEnd(_OurEnd):
         super().close()
 
 
-def stages(length: int, n: int, trials: int) -> list[dict]:
+def stages(length: int, n: int, trials: int, keep_freed: bool = True) -> list[dict]:
     """Where the receiver's main thread spends its time: our receiver fed by a raw sender, with
     decode_trajectory cut after each stage, against raw's receiver in the same run."""
     runs = [("raw", partial(_RawEnd, copy=True))] + [
@@ -181,7 +189,7 @@ def stages(length: int, n: int, trials: int) -> list[dict]:
     results: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name, _ in runs}
     for _ in range(trials):
         for name, end in runs:
-            results[name].append(run(_raw_actor, end(), length, n))
+            results[name].append(run(_raw_actor, end(), length, n, keep_freed))
     raw = statistics.median(rate for rate, _ in results["raw"])
     return [{
         "tokens": length, "receiver does": name,
@@ -191,13 +199,13 @@ def stages(length: int, n: int, trials: int) -> list[dict]:
     } for name, r in results.items()]
 
 
-def run(actor, end, length: int, n: int) -> tuple[float, dict[str, float]]:
+def run(actor, end, length: int, n: int, keep_freed: bool = True) -> tuple[float, dict[str, float]]:
     """Messages/s of ``n`` trajectories from ``actor`` (a process) into ``end``, and the CPU
     microseconds a message of each process's main thread and of their other threads (ZeroMQ's
     I/O threads); the first message starts both."""
     ctx = mp.get_context("spawn")
     received = ctx.Event()
-    proc = ctx.Process(target=actor, args=(end.address, length, n, received))
+    proc = ctx.Process(target=actor, args=(end.address, length, n, received, keep_freed))
     proc.start()
     got, t0 = 0, None
     deadline = time.monotonic() + 120
@@ -236,11 +244,16 @@ def main() -> None:
     parser.add_argument("--json", help="also save the rows here")
     parser.add_argument("--stages", action="store_true",
                         help="only where the receiver's time goes, stage by stage")
+    parser.add_argument("--glibc-defaults", action="store_true",
+                        help="both ends without the stream's allocator settings (keep_freed)")
     args = parser.parse_args()
+    keep_freed = not args.glibc_defaults
+    if keep_freed:
+        heap.keep_freed()
     if args.stages:
         report([row for length in (2048, 16384) for row in stages(
-            length, args.messages if length == 2048 else args.messages // 4, args.trials)],
-            args.json)
+            length, args.messages if length == 2048 else args.messages // 4, args.trials,
+            keep_freed)], args.json)
         return
     rows = []
     for length in (2048, 16384):
@@ -258,7 +271,7 @@ def main() -> None:
         cpu_us: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in runs}
         for _ in range(args.trials):
             for name, actor, end in runs:
-                rate, cpu = run(actor, end(), length, n)
+                rate, cpu = run(actor, end(), length, n, keep_freed)
                 rates[name].append(rate)
                 cpu_us[name].append(cpu)
         median = {k: statistics.median(v) for k, v in rates.items()}
