@@ -26,7 +26,7 @@ test test-slow bench soak: export HF_HUB_OFFLINE ?= 1
 
 install: system $(STAMP)
 
-$(STAMP): pyproject.toml setup.py Makefile transport/_flags.c | system
+$(STAMP): pyproject.toml setup.py Makefile transport/_wire.c | system
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)" -e ".[$(DEVICE),dev]"

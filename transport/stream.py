@@ -33,7 +33,7 @@ from collections import Counter
 
 import zmq
 
-from transport import flags
+from transport import wire
 from transport.codec import CodecError
 from transport.schema import SchemaError, Trajectory
 from transport.security import ClientKeys, CurveServer, ServerKeys, curve_client
@@ -169,8 +169,8 @@ class TrajectoryReceiver:
         """Released bytes not yet granted back, by actor (see ``release``)."""
         self._socket.bind(address)
         self.address = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
-        if not flags.COMPILED:
-            log.warning("transport/_flags.c is not built (the install builds it): trajectories "
+        if not wire.COMPILED:
+            log.warning("transport/_wire.c is not built (the install builds it): trajectories "
                         "are checked in numpy, a few µs slower a message")
 
     def poll(self, timeout_s: float = 0.0, *, max_messages: int = 64) -> list[tuple[str, Trajectory, int]]:

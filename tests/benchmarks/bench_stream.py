@@ -10,7 +10,7 @@ them.
   copying receives and with zero-copy ones; the faster of the two is the baseline.
 - Each end alone: our sender into a raw ROUTER (which grants it one unbounded window), and a raw
   DEALER into our receiver; where the rest of the gap is.
-- Ours with the flags packed and checked in numpy instead of transport/_flags.c, both ends.
+- Ours with transport/_wire.c replaced by msgspec and numpy (the fallbacks), both ends.
 - The floor of a checked receiver: a raw DEALER into a ROUTER that runs only msgspec's typed
   decode of each payload (types, unknown and missing fields; none of the checks after it).
 - ``--stages`` instead: our receiver fed by a raw DEALER, cut after each stage of what it does
@@ -41,7 +41,7 @@ import zmq
 
 from tests.benchmarks.report import report
 from tests.unit.transport.trajectories import make_trajectory
-from transport import flags, heap, stream
+from transport import heap, stream, wire
 from transport.schema import _DECODER
 from transport.stream import TrajectoryReceiver, TrajectorySender
 
@@ -61,8 +61,8 @@ def _ours_actor(address: str, length: int, n: int, received, keep_freed: bool = 
     tx.close()
 
 
-def _ours_actor_numpy(address: str, length: int, n: int, received, keep_freed: bool = True) -> None:
-    flags._flags = None  # this process packs in numpy
+def _ours_actor_fallbacks(address: str, length: int, n: int, received, keep_freed: bool = True) -> None:
+    wire._wire = None  # this process encodes through msgspec and numpy
     _ours_actor(address, length, n, received, keep_freed)
 
 
@@ -81,12 +81,12 @@ def _raw_actor(address: str, length: int, n: int, received, keep_freed: bool = T
 class _OurEnd:
     """The learner's end: our receiver; a message counts once decoded, checked and released."""
 
-    def __init__(self, *, numpy_flags: bool = False) -> None:
+    def __init__(self, *, fallbacks: bool = False) -> None:
         self.rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=32 << 20)
         self.address = self.rx.address
-        self.compiled = flags._flags
-        if numpy_flags:
-            flags._flags = None  # checks in numpy until close
+        self.compiled = wire._wire
+        if fallbacks:
+            wire._wire = None  # checks in numpy until close
 
     def receive(self) -> int:
         items = self.rx.poll(1.0)
@@ -95,7 +95,7 @@ class _OurEnd:
         return len(items)
 
     def close(self) -> None:
-        flags._flags = self.compiled
+        wire._wire = self.compiled
         self.rx.close()
 
 
@@ -143,28 +143,21 @@ def _decoded(payload, actor, max_bytes):
     return _DECODER.decode(payload)
 
 
-def _masks_kept(payload, actor, max_bytes):
-    wire = _DECODER.decode(payload)
-    return wire, flags.unpack(wire.flags, wire.behaviour_logprobs, wire.turn_rewards)
+def _columns_kept(payload, actor, max_bytes):
+    msg = _DECODER.decode(payload)
+    return msg, wire.columns(msg.flags, msg.token_ids, msg.behaviour_logprobs, msg.policy_version,
+                             msg.turn_rewards)
 
 
 def _checked(payload, actor, max_bytes):
-    return _masks_kept(payload, actor, max_bytes)[0]  # the masks are dropped at once
-
-
-def _arrays_kept(payload, actor, max_bytes):
-    wire, masks = _masks_kept(payload, actor, max_bytes)
-    return wire, masks, [np.frombuffer(getattr(wire, name), dtype) for name, dtype in (
-        ("token_ids", "<i4"), ("behaviour_logprobs", "<f4"), ("policy_version", "<i4"),
-        ("turn_rewards", "<f4"))]
+    return _columns_kept(payload, actor, max_bytes)[0]  # the arrays are dropped at once
 
 
 STAGES = [  # what the receiver does with a payload, cumulatively; each result is kept
     ("the receive loop only", _received),
     ("+ typed decode", _decoded),
-    ("+ flags pass (every check done)", _checked),
-    ("+ its masks kept", _masks_kept),
-    ("+ four arrays over the payload", _arrays_kept),
+    ("+ every check and the arrays (wire.columns), dropped", _checked),
+    ("+ the arrays kept", _columns_kept),
     ("+ the Trajectory (from_bytes)", stream.decode_trajectory),
 ]
 
@@ -265,8 +258,8 @@ def main() -> None:
             ("our sender", _ours_actor, _RawEnd),
             ("our receiver", _raw_actor, _OurEnd),
             ("decode only", _raw_actor, _DecodeOnlyEnd),
-        ] + ([("ours, numpy flags", _ours_actor_numpy, partial(_OurEnd, numpy_flags=True))]
-             if flags.COMPILED else [])
+        ] + ([("ours, fallbacks", _ours_actor_fallbacks, partial(_OurEnd, fallbacks=True))]
+             if wire.COMPILED else [])
         rates: dict[str, list[float]] = {name: [] for name, _, _ in runs}
         cpu_us: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in runs}
         for _ in range(args.trials):
@@ -285,8 +278,8 @@ def main() -> None:
             "ours msg/s": f"{median['ours']:,.0f}",
             "ours MB/s": f"{median['ours'] * size / 1e6:,.0f}",
             "ours / raw (faster)": f"{median['ours'] / raw:.2f}",
-            "ours, flags in numpy / raw": (f"{median['ours, numpy flags'] / raw:.2f}"
-                                           if flags.COMPILED else "(not built)"),
+            "ours without _wire.c / raw": (f"{median['ours, fallbacks'] / raw:.2f}"
+                                           if wire.COMPILED else "(not built)"),
             "our sender alone / raw": f"{median['our sender'] / raw:.2f}",
             "our receiver alone / raw": f"{median['our receiver'] / raw:.2f}",
             "typed decode alone / raw": f"{median['decode only'] / raw:.2f}",

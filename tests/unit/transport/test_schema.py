@@ -6,7 +6,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from transport import flags
+from transport import wire
 from transport.codec import CodecError
 from transport.schema import SCHEMA_VERSION, EncodedImage, SchemaError, Trajectory
 
@@ -15,7 +15,7 @@ from transport.schema import SCHEMA_VERSION, EncodedImage, SchemaError, Trajecto
 def flags_path(request, monkeypatch):
     """Every test runs with the compiled flags kernels and with their numpy fallback."""
     if request.param == "numpy":
-        monkeypatch.setattr(flags, "_flags", None)
+        monkeypatch.setattr(wire, "_wire", None)
 
 
 def _trajectory(**overrides):
