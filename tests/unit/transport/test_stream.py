@@ -235,8 +235,9 @@ def test_curve_keeps_strangers_out_and_counts_them():
         rx.close()
 
 
-def test_released_credit_goes_back_in_one_frame_per_actor_at_the_next_poll():
-    """Small releases are summed and sent at the next poll; an eighth of the window goes at once."""
+def test_released_credit_goes_back_in_one_frame_per_actor_once_a_poll_has_read_all():
+    """Small releases are summed and sent once a poll finds nothing more queued; an eighth of the
+    window goes at once."""
     window = 8000
     rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=window)
     actor = zmq.Context.instance().socket(zmq.DEALER)
@@ -264,6 +265,15 @@ def test_released_credit_goes_back_in_one_frame_per_actor_at_the_next_poll():
         assert frames_within(2.0) == [[b"CREDIT", (window // 8).to_bytes(8, "little")]]
         rx.poll(0)
         assert frames_within(0.2) == []  # nothing was left to flush
+        payload = make_trajectory(5, 0, length=16).to_bytes()
+        for _ in range(3):
+            actor.send_multipart([b"TRAJ", payload])
+        time.sleep(0.5)  # all three queued at the receiver
+        rx.release("actor-5", 100)
+        assert len(rx.poll(0, max_messages=2)) == 2
+        assert frames_within(0.2) == []  # more is queued: the sender is not waiting for this
+        assert len(rx.poll(0)) == 1
+        assert frames_within(2.0) == [[b"CREDIT", (100).to_bytes(8, "little")]]  # all read
     finally:
         actor.close()
         rx.close()
