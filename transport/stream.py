@@ -173,7 +173,7 @@ class TrajectoryReceiver:
         self.address = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
         if not wire.COMPILED:
             log.warning("transport/_wire.c is not built (the install builds it): trajectories "
-                        "are checked in numpy, a few µs slower a message")
+                        "are checked through msgspec and numpy, several µs slower a message")
 
     def poll(self, timeout_s: float = 0.0, *, max_messages: int = 64) -> list[tuple[str, Trajectory, int]]:
         """Receive what arrived (waiting up to ``timeout_s`` for the first message).

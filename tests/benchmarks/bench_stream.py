@@ -233,7 +233,7 @@ def _cpu(sender: psutil.Process, receiver: psutil.Process) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=4000, help="2k-token messages a trial")
-    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--json", help="also save the rows here")
     parser.add_argument("--stages", action="store_true",
                         help="only where the receiver's time goes, stage by stage")
