@@ -86,6 +86,7 @@ class TrajectorySender:
         self._payload = bytearray()
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IDENTITY, f"actor-{actor_id}".encode())
+        self._socket.setsockopt(zmq.RCVHWM, 0)  # no credit dropped (TrajectoryReceiver's SNDHWM)
         if curve is not None:
             curve_client(self._socket, curve)
         self._socket.connect(address)
@@ -166,6 +167,11 @@ class TrajectoryReceiver:
         # A restarted actor reconnects under its old identity, maybe before the dead connection
         # is noticed: it takes the identity over (by default ZeroMQ would refuse it).
         self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # Credit must never be dropped, or an actor's window shrinks for good; ZeroMQ drops what
+        # a ROUTER sends past its high-water mark. So none on the way out (WINDOW and CREDIT
+        # frames only). An actor reads its credit only once it has used its window up, so the
+        # frames that wait for it are bounded by the trajectories it sent in one window.
+        self._socket.setsockopt(zmq.SNDHWM, 0)
         self._curve = None if curve is None else CurveServer(self._socket, curve)
         self._pending: dict[str, int] = {}
         """Released bytes not yet granted back, by actor (see ``release``)."""

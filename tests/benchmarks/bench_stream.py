@@ -18,7 +18,7 @@ them.
 
 Both processes of every run use the stream's allocator settings (transport/heap.py
 ``keep_freed``, as the learner and the actors do), raw's too; ``--glibc-defaults`` runs all
-without them.
+without them. Our receiver returns at most ``--poll-max`` trajectories a poll (its default, 64).
 
 Each is run ``--trials`` times, interleaved, and the medians are compared: the ratio of
 messages/s is the figure that matters (aim: 0.9 or better). With both cores busy it follows the
@@ -81,6 +81,8 @@ def _raw_actor(address: str, length: int, n: int, received, keep_freed: bool = T
 class _OurEnd:
     """The learner's end: our receiver; a message counts once decoded, checked and released."""
 
+    poll_max = 64  # the receiver's default; --poll-max sets it
+
     def __init__(self, *, fallbacks: bool = False) -> None:
         self.rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=32 << 20)
         self.address = self.rx.address
@@ -89,7 +91,7 @@ class _OurEnd:
             wire._wire = None  # checks in numpy until close
 
     def receive(self) -> int:
-        items = self.rx.poll(1.0)
+        items = self.rx.poll(1.0, max_messages=self.poll_max)
         for actor, _, size in items:
             self.rx.release(actor, size)
         return len(items)
@@ -239,7 +241,10 @@ def main() -> None:
                         help="only where the receiver's time goes, stage by stage")
     parser.add_argument("--glibc-defaults", action="store_true",
                         help="both ends without the stream's allocator settings (keep_freed)")
+    parser.add_argument("--poll-max", type=int, default=_OurEnd.poll_max,
+                        help="the most trajectories our receiver returns a poll")
     args = parser.parse_args()
+    _OurEnd.poll_max = args.poll_max
     keep_freed = not args.glibc_defaults
     if keep_freed:
         heap.keep_freed()

@@ -319,3 +319,42 @@ def test_poll_waits_for_the_first_message_and_no_longer(receiver):
         assert receiver.poll(0) == []
     finally:
         tx.close(flush_s=0)
+
+
+def test_no_credit_is_lost_while_the_sender_has_not_read_it():
+    """A poll that empties the queue returns its credit in a frame of its own, and the sender
+    reads its frames only once its credit runs out: thousands can queue up meanwhile (here over
+    ZeroMQ's inproc transport, whose queues end at the high-water marks, with no kernel buffer
+    behind them). Dropping any would shrink the window for good: once everything is released,
+    the sender must hold the whole window again."""
+    trajectory = make_trajectory(length=16)
+    one = len(trajectory.to_bytes())
+    window, total = 5000 * one, 4000
+    rx = TrajectoryReceiver("inproc://credit-frames", window_bytes=window)
+    tx = TrajectorySender("inproc://credit-frames", actor_id=0)
+    errors = []
+
+    def send_all():  # one at a time, so that most polls find one message and empty the queue
+        try:
+            for _ in range(total):
+                tx.send(trajectory, timeout_s=10)
+                time.sleep(0.0002)
+        except TimeoutError as e:
+            errors.append(e)
+
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    received, deadline = 0, time.monotonic() + 60
+    try:
+        while received < total and not errors and time.monotonic() < deadline:
+            for actor, _, nbytes in rx.poll(0.01):
+                rx.release(actor, nbytes)
+                received += 1
+        sender.join(15)
+        assert not errors and received == total == tx.sent
+        rx.poll(0)  # the last releases' credit
+        tx._take_credit(time.monotonic() + 2)  # what a send would do with its credit used up
+        assert tx._credit == window
+    finally:
+        tx.close(flush_s=0)
+        rx.close()
