@@ -174,6 +174,7 @@ class TrajectoryReceiver:
         self._socket.setsockopt(zmq.SNDHWM, 0)
         self._curve = None if curve is None else CurveServer(self._socket, curve)
         self._pending: dict[str, int] = {}
+        self._timeout_ms = -1  # the socket's RCVTIMEO (ZeroMQ's default: none)
         """Released bytes not yet granted back, by actor (see ``release``)."""
         self._socket.bind(address)
         self.address = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
@@ -194,16 +195,17 @@ class TrajectoryReceiver:
         out: list[tuple[str, Trajectory, int]] = []
         sock, waited = self._socket, timeout_s <= 0
         while len(out) < max_messages:
-            try:  # what is queued is read without a poll (pyzmq's costs a Poller a call)
+            try:  # what is queued is read at once
                 frame = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 self._flush_credit()  # all read: the actors may be waiting for this credit
                 if out or waited:
                     break
-                waited = True  # nothing yet: wait once, for the first message
-                if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+                waited = True  # nothing yet: wait once, for the first message, in the receive
+                try:  # itself (pyzmq's Socket.poll builds a Poller each call, a few us)
+                    frame = self._recv_within(int(timeout_s * 1000))
+                except zmq.Again:
                     break
-                continue
             actor = frame.bytes.decode("utf-8", "replace")
             frames = []  # the rest of the message, in place (a frame knows whether more follow)
             while frame.more:
@@ -213,6 +215,13 @@ class TrajectoryReceiver:
             if item is not None:
                 out.append(item)
         return out
+
+    def _recv_within(self, timeout_ms: int) -> zmq.Frame:
+        """The next frame, waiting up to ``timeout_ms`` (-1: for good); zmq.Again after that."""
+        if timeout_ms != self._timeout_ms:
+            self._socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
+            self._timeout_ms = timeout_ms
+        return self._socket.recv(copy=False)
 
     def release(self, actor: str, nbytes: int) -> None:
         """Give ``nbytes`` of credit back to ``actor`` (its trajectory left the buffer).
