@@ -4,11 +4,6 @@
  *   pack(loss_mask, turn_end) -> bytes | None
  *       flags[i] = loss_mask[i] + turn_end[i]; None when a turn end lies outside loss_mask or
  *       the two lengths differ.
- *   unpack(flags, logprobs, rewards, masks) -> int
- *       writes loss_mask (flags != 0) into masks[:n] and turn_end (flags == 2) into masks[n:],
- *       and returns the number of turn ends; -1 when a flag is above 2, -2 when a log-prob or a
- *       reward is not finite. Raises ValueError when the buffers' sizes disagree (the caller
- *       checks them first: this keeps a wrong call from reading or writing out of bounds).
  *   columns(flags, token_ids, logprobs, versions, rewards) -> tuple | int
  *       a received message's six per-token arrays (token_ids, loss_mask, turn_end, logprobs,
  *       versions, rewards): read-only views of the wire fields, which keep the message alive,
@@ -111,40 +106,14 @@ static PyObject *pack(PyObject *module, PyObject *args)
     PyObject *out = NULL;
     if (loss.len == turn.len) {
         out = PyBytes_FromStringAndSize(NULL, loss.len);
-        if (out != NULL && !join_flags(loss.buf, turn.buf, (uint8_t *)PyBytes_AS_STRING(out), loss.len))
+        uint8_t *flags = out == NULL ? NULL : (uint8_t *)PyBytes_AS_STRING(out);
+        if (flags != NULL && !join_flags(loss.buf, turn.buf, flags, loss.len))
             Py_SETREF(out, Py_NewRef(Py_None));
     } else {
         out = Py_NewRef(Py_None);
     }
     PyBuffer_Release(&loss);
     PyBuffer_Release(&turn);
-    return out;
-}
-
-static PyObject *unpack(PyObject *module, PyObject *args)
-{
-    Py_buffer flags, logprobs, rewards, masks;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*:unpack", &flags, &logprobs, &rewards, &masks))
-        return NULL;
-    PyObject *out = NULL;
-    const Py_ssize_t n = flags.len;
-    if (logprobs.len != 4 * n || rewards.len % 4 != 0 || masks.len != 2 * n) {
-        PyErr_Format(PyExc_ValueError,
-                     "unpack: %zd flags need %zd bytes of log-probs and %zd of masks, got %zd "
-                     "and %zd (and rewards of a multiple of 4 bytes, got %zd)",
-                     n, 4 * n, 2 * n, logprobs.len, masks.len, rewards.len);
-    } else {
-        uint8_t *loss = masks.buf;
-        Py_ssize_t turns = split_flags(flags.buf, loss, loss + n, n);
-        if (turns >= 0 && (any_non_finite(logprobs.buf, n)
-                           || any_non_finite(rewards.buf, rewards.len / 4)))
-            turns = -2;
-        out = PyLong_FromSsize_t(turns);
-    }
-    PyBuffer_Release(&flags);
-    PyBuffer_Release(&logprobs);
-    PyBuffer_Release(&rewards);
-    PyBuffer_Release(&masks);
     return out;
 }
 
@@ -193,7 +162,8 @@ static int make_columns(PyObject *const *fields, Py_ssize_t max_tokens, PyObject
         PyObject *arg = fields[got];
         owners[got] = PyMemoryView_Check(arg) || PyBytes_CheckExact(arg)
                           ? Py_NewRef(arg) : PyMemoryView_FromObject(arg);
-        if (owners[got] == NULL || PyObject_GetBuffer(owners[got], &b[got], PyBUF_C_CONTIGUOUS) < 0) {
+        if (owners[got] == NULL
+            || PyObject_GetBuffer(owners[got], &b[got], PyBUF_C_CONTIGUOUS) < 0) {
             Py_XDECREF(owners[got]);
             goto done;
         }
@@ -596,8 +566,6 @@ static PyObject *encode_into(PyObject *module, PyObject *const *args, Py_ssize_t
 
 static PyMethodDef methods[] = {
     {"pack", pack, METH_VARARGS, "flags = loss_mask + turn_end as bytes; None if they disagree."},
-    {"unpack", unpack, METH_VARARGS,
-     "Write loss_mask and turn_end into masks; the number of turn ends, -1 or -2 if invalid."},
     {"columns", (PyCFunction)(void (*)(void))columns, METH_FASTCALL,
      "A received trajectory's six per-token arrays, or an int saying why it is invalid."},
     {"trajectory", (PyCFunction)(void (*)(void))trajectory, METH_FASTCALL,
@@ -608,8 +576,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_wire", "A trajectory's wire form in compiled code (transport/wire.py).",
-    0, methods,
+    PyModuleDef_HEAD_INIT, "_wire",
+    "A trajectory's wire form in compiled code (transport/wire.py).", 0, methods,
 };
 
 PyMODINIT_FUNC PyInit__wire(void)

@@ -174,8 +174,8 @@ class TrajectoryReceiver:
         self._socket.setsockopt(zmq.SNDHWM, 0)
         self._curve = None if curve is None else CurveServer(self._socket, curve)
         self._pending: dict[str, int] = {}
-        self._timeout_ms = -1  # the socket's RCVTIMEO (ZeroMQ's default: none)
         """Released bytes not yet granted back, by actor (see ``release``)."""
+        self._timeout_ms = -1  # the socket's RCVTIMEO (ZeroMQ's default: none)
         self._socket.bind(address)
         self.address = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
         if not wire.COMPILED:

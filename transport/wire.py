@@ -1,12 +1,13 @@
 """A Trajectory's wire form in compiled code (transport/_wire.c, built by the install), for
 transport/schema.py: the sender's encoding and the receiver's checks and arrays, one pass each.
 
-- The per-token flags byte: a flag is loss_mask + turn_end: 0 an environment token, 1 a policy
-  token, 2 the policy token that ends a turn. ``unpack`` also checks that the log-probs and the
-  turn rewards are finite, so that a receiver reads each byte of a message once.
+- The per-token flags byte (``pack``): a flag is loss_mask + turn_end: 0 an environment token,
+  1 a policy token, 2 the policy token that ends a turn.
 - ``encode_into``: the whole message, byte for byte what msgspec writes (schema.py falls back
   to msgspec for anything off the common path).
-- ``columns``: a received message's six per-token arrays, checked, made in one call.
+- ``columns``: a received message's six per-token arrays, made in one pass that also checks
+  the flags, and that the log-probs and the turn rewards are finite (a receiver reads each byte
+  of a message once); ``trajectory``: the whole Trajectory around them.
 
 Where the module is not built, numpy and msgspec do the same: the results are equal
 (tests/unit/transport/test_wire.py) and the fallbacks cost a few µs more a message; ``COMPILED``
@@ -24,7 +25,7 @@ except ImportError:  # not built (a checkout without the install step): numpy do
 
 COMPILED = _wire is not None
 BAD_FLAG, NON_FINITE, TOO_LONG, BAD_LENGTHS = -1, -2, -3, -4
-"""Why a message is invalid, as ``unpack``, ``columns`` and ``trajectory`` say it: a flag above
+"""Why a message is invalid, as ``columns`` and ``trajectory`` say it: a flag above
 2, a log-prob or reward that is not finite, more tokens than the limit, per-token fields whose
 lengths disagree with the flags (or rewards that are not float32s)."""
 
@@ -40,19 +41,6 @@ def pack(loss_mask: np.ndarray, turn_end: np.ndarray) -> bytes | None:
     return pack_numpy(loss_mask, turn_end)
 
 
-def unpack(flags, logprobs, rewards) -> tuple[np.ndarray, np.ndarray, int]:
-    """(loss_mask, turn_end, turns) from a message's flags, checking the flags and that the
-    float32 ``logprobs`` (4 bytes a flag) and ``rewards`` are finite; ``turns`` is the number of
-    turn ends, or ``BAD_FLAG`` / ``NON_FINITE`` (the masks are then meaningless). ``flags``,
-    ``logprobs`` and ``rewards`` are bytes-like."""
-    if _wire is None:
-        return unpack_numpy(flags, logprobs, rewards)
-    n = len(flags)
-    masks = np.empty(2 * n, np.bool_)
-    turns = _wire.unpack(flags, logprobs, rewards, masks)
-    return masks[:n], masks[n:], turns
-
-
 def pack_numpy(loss_mask: np.ndarray, turn_end: np.ndarray) -> bytes | None:
     """``pack`` in numpy (the reference the compiled one must equal)."""
     loss, turn = np.asarray(loss_mask, bool), np.asarray(turn_end, bool)
@@ -62,7 +50,8 @@ def pack_numpy(loss_mask: np.ndarray, turn_end: np.ndarray) -> bytes | None:
 
 
 def unpack_numpy(flags, logprobs, rewards) -> tuple[np.ndarray, np.ndarray, int]:
-    """``unpack`` in numpy (the reference the compiled one must equal)."""
+    """(loss_mask, turn_end, turns) from a message's flags, for ``columns_numpy``: ``turns`` is
+    the number of turn ends, or ``BAD_FLAG`` / ``NON_FINITE`` (the masks are then meaningless)."""
     bits = np.frombuffer(flags, np.uint8)
     loss_mask, turn_end = bits != 0, bits == 2
     if bits.size and bits.max() > 2:

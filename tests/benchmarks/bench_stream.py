@@ -61,7 +61,8 @@ def _ours_actor(address: str, length: int, n: int, received, keep_freed: bool = 
     tx.close()
 
 
-def _ours_actor_fallbacks(address: str, length: int, n: int, received, keep_freed: bool = True) -> None:
+def _ours_actor_fallbacks(address: str, length: int, n: int, received,
+                          keep_freed: bool = True) -> None:
     wire._wire = None  # this process encodes through msgspec and numpy
     _ours_actor(address, length, n, received, keep_freed)
 

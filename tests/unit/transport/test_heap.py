@@ -1,4 +1,4 @@
-"""transport/heap.py: freed blocks go back to the system at a trim, and with keep_freed not before."""
+"""transport/heap.py: freed blocks go back to the system at a trim; with keep_freed, not before."""
 
 from __future__ import annotations
 

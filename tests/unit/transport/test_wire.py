@@ -13,22 +13,26 @@ def test_the_install_builds_the_compiled_kernels():
     assert wire.COMPILED and wire._wire is _wire
 
 
-def _unpack_both(flag_bytes, logprobs, rewards):
-    masks = np.empty(2 * len(flag_bytes), np.bool_)
-    turns = _wire.unpack(flag_bytes, logprobs, rewards, masks)
-    n = len(flag_bytes)
-    return (masks[:n], masks[n:], turns), wire.unpack_numpy(flag_bytes, logprobs, rewards)
+def _columns_both(flag_bytes, logprobs, rewards, ids=None):
+    """``columns`` compiled and in numpy on a message of these flags, log-probs and rewards (its
+    token ids and versions zeros unless given)."""
+    zeros = b"\x00" * (4 * len(flag_bytes))
+    fields = (flag_bytes, zeros if ids is None else ids, logprobs, zeros, rewards)
+    return _wire.columns(*fields), wire.columns_numpy(*fields)
 
 
 def test_a_hand_computed_trajectory():
     loss = np.array([0, 1, 1, 0, 1, 1], bool)
     turn = np.array([0, 0, 1, 0, 0, 1], bool)
     assert _wire.pack(loss, turn) == wire.pack_numpy(loss, turn) == b"\x00\x01\x02\x00\x01\x02"
-    logprobs = np.array([0, -1, -2, 0, -0.5, -3], "<f4").tobytes()
-    for loss_mask, turn_end, turns in _unpack_both(b"\x00\x01\x02\x00\x01\x02", logprobs,
-                                                   np.array([1.5, -2], "<f4").tobytes()):
+    logprobs = np.array([0, -1, -2, 0, -0.5, -3], "<f4")
+    ids = np.arange(6, dtype="<i4").tobytes()
+    for arrays in _columns_both(b"\x00\x01\x02\x00\x01\x02", logprobs.tobytes(),
+                                np.array([1.5, -2], "<f4").tobytes(), ids):
+        token_ids, loss_mask, turn_end, lp, versions, rewards = arrays
         assert loss_mask.tolist() == loss.tolist() and turn_end.tolist() == turn.tolist()
-        assert turns == 2
+        assert token_ids.tolist() == list(range(6)) and lp.tolist() == logprobs.tolist()
+        assert versions.tolist() == [0] * 6 and rewards.tolist() == [1.5, -2]
 
 
 def test_pack_refuses_a_turn_end_outside_the_loss_mask_and_unequal_lengths():
@@ -38,26 +42,27 @@ def test_pack_refuses_a_turn_end_outside_the_loss_mask_and_unequal_lengths():
         assert wire.pack(loss, turn) is None
 
 
-def test_unpack_reports_a_bad_flag_before_a_non_finite_value():
+def test_columns_report_a_bad_flag_then_a_non_finite_value_then_a_reward_count():
     ok, nan = np.zeros(3, "<f4").tobytes(), np.array([0, np.nan, 0], "<f4").tobytes()
-    none = b""
-    cases = [(b"\x00\x03\x01", ok, none, wire.BAD_FLAG), (b"\xff\x00\x00", nan, none, wire.BAD_FLAG),
-             (b"\x00\x01\x02", nan, none, wire.NON_FINITE),
+    none, one = b"", np.array([1.0], "<f4").tobytes()
+    cases = [(b"\x00\x03\x01", ok, none, wire.BAD_FLAG),
+             (b"\xff\x00\x00", nan, none, wire.BAD_FLAG),
+             (b"\x00\x01\x02", nan, one, wire.NON_FINITE),
              (b"\x00\x01\x02", ok, np.array([np.inf], "<f4").tobytes(), wire.NON_FINITE),
-             (b"\x00\x01\x02", ok, np.array([1.0], "<f4").tobytes(), 1)]
+             (b"\x00\x01\x02", ok, none, 1), (b"\x00\x01\x01", ok, one, 0)]
     for flag_bytes, logprobs, rewards, expected in cases:
-        compiled, reference = _unpack_both(flag_bytes, logprobs, rewards)
-        assert compiled[2] == reference[2] == expected
+        compiled, reference = _columns_both(flag_bytes, logprobs, rewards)
+        assert compiled == reference == expected
+    compiled, reference = _columns_both(b"\x00\x01\x02", ok, one)
+    assert isinstance(compiled, tuple) and isinstance(reference, tuple)
 
 
-def test_unpack_refuses_buffers_of_the_wrong_size_instead_of_reading_past_them():
-    masks = np.empty(6, np.bool_)
-    for logprobs, rewards, out in [(b"\x00" * 8, b"", masks), (b"\x00" * 12, b"\x00" * 3, masks),
-                                   (b"\x00" * 12, b"", np.empty(5, np.bool_))]:
-        with pytest.raises(ValueError, match="unpack: 3 flags"):
-            _wire.unpack(b"\x00\x01\x02", logprobs, rewards, out)
-    with pytest.raises(TypeError):
-        _wire.unpack(b"\x00\x01\x02", b"\x00" * 12, b"", b"\x00" * 6)  # read-only output
+def test_columns_refuse_fields_of_the_wrong_size_instead_of_reading_past_them():
+    twelve = b"\x00" * 12
+    for ids, logprobs, rewards in [(twelve, b"\x00" * 8, b""), (twelve, twelve, b"\x00" * 3),
+                                   (b"\x00" * 11, twelve, b"")]:
+        with pytest.raises(ValueError, match="columns: 3 flags"):
+            _wire.columns(b"\x00\x01\x02", ids, logprobs, b"\x00" * 12, rewards)
 
 
 def test_random_unaligned_and_invalid_inputs_give_the_numpy_results():
@@ -71,7 +76,8 @@ def test_random_unaligned_and_invalid_inputs_give_the_numpy_results():
             values[values == 3] = rng.integers(3, 256, int((values == 3).sum()))
             flag_bytes = values.astype(np.uint8).tobytes()
             logprobs = -rng.random(length).astype(np.float32)
-            rewards = rng.standard_normal(rng.integers(0, 9)).astype(np.float32)
+            turns = int((values == 2).sum())
+            rewards = rng.standard_normal(turns + (trial % 6 == 5)).astype(np.float32)
             if trial % 4 == 1 and length:
                 logprobs[rng.integers(length)] = rng.choice(specials)
             if trial % 4 == 2 and rewards.size:
@@ -79,11 +85,12 @@ def test_random_unaligned_and_invalid_inputs_give_the_numpy_results():
             # a msgpack payload places the floats at any offset
             offset = trial % 4
             lp = memoryview(b"\x00" * offset + logprobs.tobytes())[offset:]
-            compiled, reference = _unpack_both(flag_bytes, lp, rewards.tobytes())
-            assert compiled[2] == reference[2], (length, trial)
-            if compiled[2] >= 0:
-                assert np.array_equal(compiled[0], reference[0])
-                assert np.array_equal(compiled[1], reference[1])
+            compiled, reference = _columns_both(flag_bytes, lp, rewards.tobytes())
+            if isinstance(reference, int):
+                assert compiled == reference, (length, trial)
+            else:
+                for got, want in zip(compiled, reference):
+                    assert np.array_equal(got, want, equal_nan=True), (length, trial)
             loss = rng.random(length) < 0.5
             turn = loss & (rng.random(length) < 0.2)
             if trial % 5 == 4 and length:
@@ -92,9 +99,11 @@ def test_random_unaligned_and_invalid_inputs_give_the_numpy_results():
 
 
 def test_a_turn_count_past_a_byte_is_exact():
-    all_ends = b"\x02" * 100_003
-    compiled, reference = _unpack_both(all_ends, b"\x00" * 4 * 100_003, b"")
-    assert compiled[2] == reference[2] == 100_003
+    n = 100_003
+    compiled, reference = _columns_both(b"\x02" * n, b"\x00" * 4 * n, b"\x00" * 4 * n)
+    assert int(compiled[2].sum()) == int(reference[2].sum()) == n
+    compiled, reference = _columns_both(b"\x02" * n, b"\x00" * 4 * n, b"\x00" * 4 * (n - 1))
+    assert compiled == reference == n
 
 
 def test_pack_takes_any_layout_and_bool_bytes_other_than_one():
@@ -159,10 +168,6 @@ def test_encode_into_leaves_what_is_off_its_path_to_msgspec():
         assert _wire.encode_into(t, buffer) is False, name
 
 
-def _columns_both(*fields):
-    return _wire.columns(*fields), wire.columns_numpy(*fields)
-
-
 def test_columns_equal_numpys_on_random_unaligned_and_invalid_messages():
     rng = np.random.default_rng(2)
     for length in [0, 1, 7, 8, 9, 2040, 2041, 4099]:
@@ -182,11 +187,12 @@ def test_columns_equal_numpys_on_random_unaligned_and_invalid_messages():
                  rewards.tobytes()])
             view, bounds = memoryview(message), np.cumsum([offset, length] + [4 * length] * 3)
             fields = [view[a:b] for a, b in zip(bounds[:-1], bounds[1:])] + [view[bounds[-1]:]]
-            compiled, reference = _columns_both(*fields)
+            compiled, reference = _wire.columns(*fields), wire.columns_numpy(*fields)
             if isinstance(reference, int):
                 assert compiled == reference, (length, trial)
                 continue
-            for got, want, dtype in zip(compiled, reference, ["<i4", "?", "?", "<f4", "<i4", "<f4"]):
+            dtypes = ["<i4", "?", "?", "<f4", "<i4", "<f4"]
+            for got, want, dtype in zip(compiled, reference, dtypes):
                 assert got.dtype == np.dtype(dtype) and got.shape == want.shape
                 assert np.array_equal(got, want, equal_nan=True)
             assert not compiled[0].flags.writeable and compiled[1].flags.writeable
