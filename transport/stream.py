@@ -53,7 +53,8 @@ class Rejected(Exception):
         self.kind, self.detail = kind, detail
 
 
-def decode_trajectory(payload: bytes | memoryview, actor: str, max_bytes: int) -> Trajectory:
+def decode_trajectory(payload: bytes | memoryview | zmq.Frame, actor: str,
+                      max_bytes: int) -> Trajectory:
     """A received payload as a validated Trajectory (every receiver's one path), or ``Rejected``."""
     if len(payload) > max_bytes:
         raise Rejected("too_large", f"{len(payload)} bytes from {actor!r}")
@@ -258,7 +259,7 @@ class TrajectoryReceiver:
             return None
         if kind != TRAJ or len(frames) != 2:
             return self._reject("frame", actor, 0, f"unexpected frames from {actor!r}")
-        payload = frames[1].buffer  # zero-copy: the trajectory's arrays are views of it
+        payload = frames[1]  # zero-copy (a Frame is a buffer): the arrays are views of it
         try:
             trajectory = decode_trajectory(payload, actor, self.max_message_bytes)
         except Rejected as r:
