@@ -48,9 +48,9 @@ def keep_freed(trim_threshold: int = 64 << 20) -> bool:
     time. glibc's defaults give such memory back to the system at once (a block above its
     adaptive mmap threshold is unmapped when freed; a free that leaves twice that threshold at
     a heap's top shrinks the heap), and the next messages fault the same pages back in, zeroed:
-    measured on a 2-core x86 machine, that cost the stream a fifth of its messages/s at 16k
-    tokens (docs/benchmarks.md). What stays mapped is bounded by ``trim_threshold``; the
-    learner's per-step ``trim()`` returns the rest.
+    measured on a 2-core x86 machine, the stream ran at 0.73 of raw ZeroMQ's messages/s at 2k
+    tokens with the defaults, 0.84-0.90 with this (docs/benchmarks.md). What stays mapped is
+    bounded by ``trim_threshold``; the learner's per-step ``trim()`` returns the rest.
     """
     lib = _libc()
     if lib is None or not hasattr(lib, "mallopt"):

@@ -190,8 +190,8 @@ class TrajectoryReceiver:
         ``release(actor, nbytes)`` once it is done with each (that returns the actor's credit).
         At most ``max_messages`` a call: a caller that is done with a batch before the next
         call keeps the messages it holds few, and their memory warm for ZeroMQ to reuse
-        (measured on a 2-core x86 machine, 1024 a call cost a fifth of the messages/s at 2k
-        tokens).
+        (measured on a 2-core x86 machine at 16k tokens, 1024 a call ran at 0.79 of raw ZeroMQ
+        against 0.86-1.03; docs/benchmarks.md).
         """
         out: list[tuple[str, Trajectory, int]] = []
         sock, waited = self._socket, timeout_s <= 0

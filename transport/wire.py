@@ -49,18 +49,6 @@ def pack_numpy(loss_mask: np.ndarray, turn_end: np.ndarray) -> bytes | None:
     return np.add(loss, turn, dtype=np.uint8).tobytes()
 
 
-def unpack_numpy(flags, logprobs, rewards) -> tuple[np.ndarray, np.ndarray, int]:
-    """(loss_mask, turn_end, turns) from a message's flags, for ``columns_numpy``: ``turns`` is
-    the number of turn ends, or ``BAD_FLAG`` / ``NON_FINITE`` (the masks are then meaningless)."""
-    bits = np.frombuffer(flags, np.uint8)
-    loss_mask, turn_end = bits != 0, bits == 2
-    if bits.size and bits.max() > 2:
-        return loss_mask, turn_end, BAD_FLAG
-    finite = (np.isfinite(np.frombuffer(logprobs, "<f4")).all()
-              and np.isfinite(np.frombuffer(rewards, "<f4")).all())
-    return loss_mask, turn_end, int(np.count_nonzero(turn_end)) if finite else NON_FINITE
-
-
 def encode_into(trajectory, buffer: bytearray) -> bool:
     """Write the trajectory's msgpack over ``buffer`` in compiled code; False where that is not
     built or the trajectory is off its common path (schema.py then encodes through msgspec)."""
@@ -88,8 +76,15 @@ def columns(flags, token_ids, logprobs, versions, rewards) -> tuple[np.ndarray, 
 
 def columns_numpy(flags, token_ids, logprobs, versions, rewards) -> tuple[np.ndarray, ...] | int:
     """``columns`` in numpy (the reference the compiled one must equal)."""
-    loss_mask, turn_end, turns = unpack_numpy(flags, logprobs, rewards)
-    if turns < 0 or len(rewards) != 4 * turns:
+    bits = np.frombuffer(flags, np.uint8)
+    if bits.size and bits.max() > 2:
+        return BAD_FLAG
+    if not (np.isfinite(np.frombuffer(logprobs, "<f4")).all()
+            and np.isfinite(np.frombuffer(rewards, "<f4")).all()):
+        return NON_FINITE
+    loss_mask, turn_end = bits != 0, bits == 2
+    turns = int(np.count_nonzero(turn_end))
+    if len(rewards) != 4 * turns:
         return turns
     return (np.frombuffer(token_ids, "<i4"), loss_mask, turn_end, np.frombuffer(logprobs, "<f4"),
             np.frombuffer(versions, "<i4"), np.frombuffer(rewards, "<f4"))

@@ -35,7 +35,6 @@ import statistics
 import time
 from functools import partial
 
-import numpy as np
 import psutil
 import zmq
 
