@@ -51,6 +51,7 @@ test-slow: install
 bench: install
 	$(BIN)/python -m tests.benchmarks.bench_advantages
 	$(BIN)/python -m tests.benchmarks.bench_stream
+	$(BIN)/python -m tests.benchmarks.bench_stream --paired
 	$(BIN)/python -m tests.benchmarks.bench_actor
 	$(BIN)/python -m tests.benchmarks.bench_weights
 	$(BIN)/python -m tests.benchmarks.bench_env_pool

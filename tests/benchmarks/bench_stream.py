@@ -15,12 +15,16 @@ them.
   decode of each payload (types, unknown and missing fields; none of the checks after it).
 - ``--stages`` instead: our receiver fed by a raw DEALER, cut after each stage of what it does
   with a payload (``STAGES``), and the CPU of its main thread a message against raw's.
+- ``--paired`` instead: raw, ours, and a raw sender into our receiver in one pair of processes,
+  taking turns in blocks of a fraction of a second, and the median of each round's ratios
+  (``paired``): the comparison least moved by the machine's drift.
 
 Both processes of every run use the stream's allocator settings (transport/heap.py
 ``keep_freed``, as the learner and the actors do), raw's too; ``--glibc-defaults`` runs all
 without them. Our receiver returns at most ``--poll-max`` trajectories a poll (its default, 64).
 
-Each is run ``--trials`` times, interleaved, and the medians are compared: the ratio of
+Each is run ``--trials`` times, interleaved, and the medians are compared (a trial of 0.1 s
+moved by +-0.1 with the machine's scheduling, hence ``--messages``' 0.4 s): the ratio of
 messages/s is the figure that matters (aim: 0.9 or better). With both cores busy it follows the
 ratio of CPU time a message (both processes, every thread), which is also reported: in all, and
 split into each process's main thread and the I/O threads (ZeroMQ's, which copy to and from
@@ -194,22 +198,106 @@ def stages(length: int, n: int, trials: int, keep_freed: bool = True) -> list[di
     } for name, r in results.items()]
 
 
+PAIRED_ARMS = ("raw, copying", "raw, zero-copy", "ours", "our receiver")
+"""``--paired``'s arms: raw's two receives, our sender into our receiver, raw's into ours."""
+
+
+def _paired_actor(raw_address: str, our_address: str, length: int, commands,
+                  keep_freed: bool = True) -> None:
+    """Sends a block of trajectories on the arm each command names, until a None."""
+    if keep_freed:
+        heap.keep_freed()
+    trajectories = _trajectories(length)
+    payloads = [t.to_bytes() for t in trajectories]
+    context = zmq.Context.instance()
+    raw, into_ours = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+    raw.connect(raw_address)
+    into_ours.connect(our_address)
+    tx = TrajectorySender(our_address, actor_id=0)
+    while (command := commands.recv()) is not None:
+        arm, n = command
+        for e in range(n):
+            if arm == "ours":
+                tx.send(trajectories[e % 8], timeout_s=60)
+            else:  # raw's bytes, into raw's receiver or into ours
+                (into_ours if arm == "our receiver" else raw).send_multipart(
+                    [b"TRAJ", payloads[e % 8]])
+    for sock in (raw, into_ours):
+        sock.close()
+    tx.close()
+
+
+def paired(length: int, block: int, rounds: int, keep_freed: bool = True) -> dict:
+    """Every arm in one pair of processes, a block of ``block`` messages each in turn (the order
+    rotating), ``rounds`` times: each round's ratios compare blocks run within a fraction of a
+    second of each other, so the machine's drift, which moves separate trials by +-0.1, mostly
+    cancels. Each block's clock starts at its first message (or batch) and stops at its last."""
+    raw = _RawEnd(copy=True)
+    ours = _OurEnd()
+    ctx = mp.get_context("spawn")
+    commands, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_paired_actor,
+                       args=(raw.address, ours.address, length, theirs, keep_freed))
+    proc.start()
+    rates: dict[str, list[float]] = {arm: [] for arm in PAIRED_ARMS}
+    try:
+        for r in range(rounds + 1):  # round 0 warms up: connections, credit, caches
+            for arm in PAIRED_ARMS[r % 4:] + PAIRED_ARMS[:r % 4]:
+                raw.copy = arm == "raw, copying"
+                end = ours if arm in ("ours", "our receiver") else raw
+                commands.send((arm, block))
+                got, t0, before = 0, None, 0
+                while got < block:
+                    k = end.receive()
+                    if k and t0 is None:
+                        t0, before = time.perf_counter(), k
+                    got += k
+                if r:
+                    rates[arm].append((block - before) / (time.perf_counter() - t0))
+        commands.send(None)
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+        raw.close()
+        ours.close()
+    out = {"tokens": length, "rounds x block": f"{rounds} x {block}"}
+    fastest, summary = paired_ratios(rates)
+    out["raw msg/s (faster)"] = f"{statistics.median(rates[fastest]):,.0f}"
+    for arm, (median, low, high) in summary.items():
+        out[f"{arm} / raw, median of rounds"] = f"**{median:.2f}**"
+        out[f"{arm} / raw, middle half"] = f"{low:.2f}-{high:.2f}"
+    return out
+
+
+def paired_ratios(rates: dict[str, list[float]]) -> tuple[str, dict[str, tuple[float, ...]]]:
+    """The faster raw arm by median, and for each of ours the median of its round-by-round
+    ratios to that arm with their quartiles (the middle half of the rounds lies between)."""
+    fastest = max(PAIRED_ARMS[:2], key=lambda arm: statistics.median(rates[arm]))
+    summary = {}
+    for arm in PAIRED_ARMS[2:]:
+        each = [o / b for o, b in zip(rates[arm], rates[fastest], strict=True)]
+        low, _, high = statistics.quantiles(each, n=4, method="inclusive")
+        summary[arm] = (statistics.median(each), low, high)
+    return fastest, summary
+
+
 def run(actor, end, length: int, n: int, keep_freed: bool = True) -> tuple[float, dict[str, float]]:
     """Messages/s of ``n`` trajectories from ``actor`` (a process) into ``end``, and the CPU
     microseconds a message of each process's main thread and of their other threads (ZeroMQ's
-    I/O threads); the first message starts both."""
+    I/O threads); the first message (or batch) starts both."""
     ctx = mp.get_context("spawn")
     received = ctx.Event()
     proc = ctx.Process(target=actor, args=(end.address, length, n, received, keep_freed))
     proc.start()
-    got, t0 = 0, None
+    got, t0, before = 0, None, 0
     deadline = time.monotonic() + 120
     try:
         sender, receiver = psutil.Process(proc.pid), psutil.Process()
         while got < n and time.monotonic() < deadline:
             k = end.receive()
-            if k and t0 is None:
-                t0, cpu0 = time.perf_counter(), _cpu(sender, receiver)
+            if k and t0 is None:  # the clock starts after the first batch: it is not counted
+                t0, cpu0, before = time.perf_counter(), _cpu(sender, receiver), k
             got += k
         dt = time.perf_counter() - t0
         cpu = _cpu(sender, receiver)  # the sender waits for `received`: alive
@@ -219,7 +307,7 @@ def run(actor, end, length: int, n: int, keep_freed: bool = True) -> tuple[float
         end.close()
     if got < n:
         raise RuntimeError(f"received {got} of {n} trajectories")
-    return (n - 1) / dt, {k: (cpu[k] - cpu0[k]) / (n - 1) * 1e6 for k in cpu}
+    return (n - before) / dt, {k: (cpu[k] - cpu0[k]) / (n - before) * 1e6 for k in cpu}
 
 
 def _cpu(sender: psutil.Process, receiver: psutil.Process) -> dict[str, float]:
@@ -234,7 +322,8 @@ def _cpu(sender: psutil.Process, receiver: psutil.Process) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=4000, help="2k-token messages a trial")
+    parser.add_argument("--messages", type=int, default=16000,
+                        help="2k-token messages a trial (a quarter as many at 16k): about 0.4 s")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--json", help="also save the rows here")
     parser.add_argument("--stages", action="store_true",
@@ -243,11 +332,20 @@ def main() -> None:
                         help="both ends without the stream's allocator settings (keep_freed)")
     parser.add_argument("--poll-max", type=int, default=_OurEnd.poll_max,
                         help="the most trajectories our receiver returns a poll")
+    parser.add_argument("--paired", action="store_true",
+                        help="only ours against raw in blocks that take turns in one run")
+    parser.add_argument("--rounds", type=int, default=40, help="--paired: rounds of blocks")
+    parser.add_argument("--block", type=int, default=2000,
+                        help="--paired: 2k-token messages a block (a quarter as many at 16k)")
     args = parser.parse_args()
     _OurEnd.poll_max = args.poll_max
     keep_freed = not args.glibc_defaults
     if keep_freed:
         heap.keep_freed()
+    if args.paired:
+        report([paired(length, args.block if length == 2048 else args.block // 4, args.rounds,
+                       keep_freed) for length in (2048, 16384)], args.json)
+        return
     if args.stages:
         report([row for length in (2048, 16384) for row in stages(
             length, args.messages if length == 2048 else args.messages // 4, args.trials,
