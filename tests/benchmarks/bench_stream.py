@@ -334,7 +334,7 @@ def main() -> None:
                         help="the most trajectories our receiver returns a poll")
     parser.add_argument("--paired", action="store_true",
                         help="only ours against raw in blocks that take turns in one run")
-    parser.add_argument("--rounds", type=int, default=40, help="--paired: rounds of blocks")
+    parser.add_argument("--rounds", type=int, default=120, help="--paired: rounds of blocks")
     parser.add_argument("--block", type=int, default=2000,
                         help="--paired: 2k-token messages a block (a quarter as many at 16k)")
     args = parser.parse_args()
