@@ -233,6 +233,7 @@ def paired(length: int, block: int, rounds: int, keep_freed: bool = True) -> dic
     second of each other, so the machine's drift, which moves separate trials by +-0.1, mostly
     cancels. Each block's clock starts at its first message (or batch) and stops at its last."""
     raw = _RawEnd(copy=True)
+    raw.sock.setsockopt(zmq.RCVTIMEO, 1000)  # as ours waits: a second, then a look at the sender
     ours = _OurEnd()
     ctx = mp.get_context("spawn")
     commands, theirs = ctx.Pipe()
@@ -248,17 +249,23 @@ def paired(length: int, block: int, rounds: int, keep_freed: bool = True) -> dic
                 commands.send((arm, block))
                 got, t0, before = 0, None, 0
                 while got < block:
-                    k = end.receive()
+                    try:
+                        k = end.receive()
+                    except zmq.Again:
+                        k = 0
                     if k and t0 is None:
                         t0, before = time.perf_counter(), k
+                    elif not k and not proc.is_alive():
+                        raise RuntimeError(f"the sender died ({proc.exitcode}) in {arm!r}")
                     got += k
                 if r:
                     rates[arm].append((block - before) / (time.perf_counter() - t0))
         commands.send(None)
-    finally:
         proc.join(60)
+    finally:
         if proc.is_alive():
             proc.kill()
+            proc.join()
         raw.close()
         ours.close()
     out = {"tokens": length, "rounds x block": f"{rounds} x {block}"}
