@@ -49,8 +49,10 @@ def keep_freed(trim_threshold: int = 64 << 20) -> bool:
     adaptive mmap threshold is unmapped when freed; a free that leaves twice that threshold at
     a heap's top shrinks the heap), and the next messages fault the same pages back in, zeroed:
     measured on a 2-core x86 machine, the stream ran at 0.73 of raw ZeroMQ's messages/s at 2k
-    tokens with the defaults, 0.84-0.90 with this (docs/benchmarks.md). What stays mapped is
-    bounded by ``trim_threshold``; the learner's per-step ``trim()`` returns the rest.
+    tokens with the defaults, 0.84-0.90 with this (docs/benchmarks.md). Free memory at a heap's
+    top stays below ``trim_threshold``; free blocks inside a heap stay mapped until a ``trim()``
+    (the learner's, every step). In an hour of the default job this held about 0.1 GiB more in
+    the learner, none in the actor (docs/benchmarks.md, "Memory over an hour").
     """
     lib = _libc()
     if lib is None or not hasattr(lib, "mallopt"):
