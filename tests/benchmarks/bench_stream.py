@@ -247,19 +247,9 @@ def paired(length: int, block: int, rounds: int, keep_freed: bool = True) -> dic
                 raw.copy = arm == "raw, copying"
                 end = ours if arm in ("ours", "our receiver") else raw
                 commands.send((arm, block))
-                got, t0, before = 0, None, 0
-                while got < block:
-                    try:
-                        k = end.receive()
-                    except zmq.Again:
-                        k = 0
-                    if k and t0 is None:
-                        t0, before = time.perf_counter(), k
-                    elif not k and not proc.is_alive():
-                        raise RuntimeError(f"the sender died ({proc.exitcode}) in {arm!r}")
-                    got += k
+                t0, counted = _timed_receive(end, block, proc)
                 if r:
-                    rates[arm].append((block - before) / (time.perf_counter() - t0))
+                    rates[arm].append(counted / (time.perf_counter() - t0))
         commands.send(None)
         proc.join(60)
     finally:
@@ -297,24 +287,40 @@ def run(actor, end, length: int, n: int, keep_freed: bool = True) -> tuple[float
     received = ctx.Event()
     proc = ctx.Process(target=actor, args=(end.address, length, n, received, keep_freed))
     proc.start()
-    got, t0, before = 0, None, 0
-    deadline = time.monotonic() + 120
     try:
         sender, receiver = psutil.Process(proc.pid), psutil.Process()
-        while got < n and time.monotonic() < deadline:
-            k = end.receive()
-            if k and t0 is None:  # the clock starts after the first batch: it is not counted
-                t0, cpu0, before = time.perf_counter(), _cpu(sender, receiver), k
-            got += k
+        cpu0: dict[str, float] = {}
+        t0, counted = _timed_receive(end, n, proc,
+                                     on_start=lambda: cpu0.update(_cpu(sender, receiver)))
         dt = time.perf_counter() - t0
         cpu = _cpu(sender, receiver)  # the sender waits for `received`: alive
     finally:
         received.set()
         proc.join()
         end.close()
-    if got < n:
-        raise RuntimeError(f"received {got} of {n} trajectories")
-    return (n - before) / dt, {k: (cpu[k] - cpu0[k]) / (n - before) * 1e6 for k in cpu}
+    return counted / dt, {k: (cpu[k] - cpu0[k]) / counted * 1e6 for k in cpu}
+
+
+def _timed_receive(end, n: int, sender, on_start=lambda: None,
+                   timeout_s: float = 120.0) -> tuple[float, int]:
+    """Receive ``n`` messages at ``end``. The clock starts once the first message (or batch) is
+    in, which is not counted, and ``on_start`` runs then: (the clock's start, the messages
+    counted). RuntimeError when the ``sender`` process dies, or ``timeout_s`` passes, first."""
+    got, t0, before = 0, None, 0
+    deadline = time.monotonic() + timeout_s
+    while got < n:
+        try:
+            k = end.receive()
+        except zmq.Again:  # raw's receive timed out
+            k = 0
+        if k and t0 is None:
+            t0, before = time.perf_counter(), k
+            on_start()
+        elif not k and (not sender.is_alive() or time.monotonic() > deadline):
+            why = "in time" if sender.is_alive() else f"before the sender died ({sender.exitcode})"
+            raise RuntimeError(f"received {got} of {n} trajectories {why}")
+        got += k
+    return t0, n - before
 
 
 def _cpu(sender: psutil.Process, receiver: psutil.Process) -> dict[str, float]:
