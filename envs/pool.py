@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
+from envs.registry import EnvFactory
 from envs.wire import EpisodeFailure, from_wire
-from envs.worker import MAX_PIPE_BYTES, EnvFactory, worker_main
+from envs.worker import MAX_PIPE_BYTES, worker_main
 from transport.codec import CodecError, decode, encode
 
 STATS = ("resets", "steps", "env_errors", "timeouts", "worker_crashes", "worker_restarts",

@@ -1,6 +1,7 @@
 """The env registry: build a built-in env by name, with its YAML defaults, through gymnasium.
 
-Called by the env worker pool (envs/pool.py) and by launch code; re-exported as ``envs.make``.
+Called by the env worker (envs/worker.py: ``make_env`` builds each env from its ``EnvFactory``),
+the env worker pool (envs/pool.py) and launch code; ``make`` is re-exported as ``envs.make``.
 Every env is registered with gymnasium under ``IDS[name]`` (``vagen/FrozenLake-v0``, ...), so
 ``gymnasium.make("vagen/FrozenLake-v0", **config)`` builds it too, once ``envs`` is imported.
 Invariants:
@@ -16,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -78,6 +80,20 @@ def make(name: str, *, step_delay_s: float = 0.0, **config: Any) -> Env:
     return DelayedEnv(env, step_delay_s) if step_delay_s else env
 
 
+EnvFactory = tuple[str, dict]
+"""(name, config): a registry name for ``make(name, **config)``, or an importable
+"module:callable" called as ``callable(**config)``. Plain data, so it crosses to the worker."""
+
+
+def make_env(factory: EnvFactory) -> Env:
+    """Build one env from a factory spec (the env worker builds each of its envs with it)."""
+    name, config = factory
+    if ":" in name:
+        module, attr = name.split(":", 1)
+        return getattr(importlib.import_module(module), attr)(**config)
+    return make(name, **config)
+
+
 class DelayedEnv(gym.Wrapper):
     """``env`` whose reset and step each sleep ``delay_s`` first (see ``make``)."""
 
@@ -104,8 +120,6 @@ def check_config(name: str, config: Mapping[str, Any]) -> None:
     """Raise ValueError naming the env and the problem if ``make(name, **config)`` would fail
     (an unknown key, a bad value): builds the env once and closes it, so a run's env settings
     fail when the run is configured, not in its actors."""
-    from envs.worker import make_env  # a registry name or a "module:callable"
-
     try:
         make_env((name, dict(config))).close()
     except (TypeError, ValueError) as e:

@@ -1,8 +1,8 @@
 """The env worker process: the shell that hosts M envs and answers the pool's batched requests.
 
 Started by ``EnvPool`` (envs/pool.py), which passes ``worker_main`` as a process target together
-with one end of a multiprocessing Pipe and the factory spec; nothing else calls into this module
-except ``make_env`` (tests, benchmarks).
+with one end of a multiprocessing Pipe and the factory spec (an ``EnvFactory``, which
+envs/registry.py's ``make_env`` builds); nothing else calls into this module.
 
 Pipe protocol (only bytes: transport/codec.py msgpack, at most ``MAX_PIPE_BYTES`` a message):
 - On start, exactly one message: ``{"ready": pid}``, or ``{"init_error": str}`` and exit.
@@ -17,29 +17,16 @@ Invariants:
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 from typing import Any
 
 from envs.protocol import to_observation, to_step_result
+from envs.registry import EnvFactory, make_env
 from envs.wire import EpisodeFailure, to_wire
 from transport.codec import CodecError, decode, encode
 
-EnvFactory = tuple[str, dict]
-"""(name, config): a registry name for ``envs.registry.make(name, **config)``, or an importable
-"module:callable" called as ``callable(**config)``. Plain data, so it crosses to the worker."""
 MAX_PIPE_BYTES = 1 << 30
-
-
-def make_env(factory: EnvFactory):
-    """Build one env from a factory spec (runs inside the worker)."""
-    name, config = factory
-    if ":" in name:
-        module, attr = name.split(":", 1)
-        return getattr(importlib.import_module(module), attr)(**config)
-    from envs.registry import make  # imported here: the registry pulls in every env's deps
-    return make(name, **config)
 
 
 def worker_main(conn, factory: EnvFactory, num_envs: int) -> None:

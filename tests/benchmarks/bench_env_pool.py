@@ -23,10 +23,9 @@ from pathlib import Path
 
 from envs.formats import format_example
 from envs.pool import EnvPool
-from envs.registry import resolve_config
+from envs.registry import make_env, resolve_config
 from envs.service import LocalEnvClient, RemoteEnvClient
 from envs.wire import EpisodeFailure
-from envs.worker import make_env
 from tests.envs_api import env_reset, env_step
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ import pytest
 from envs.formats import format_example
 from envs.pool import EnvPool, EnvPoolError
 from envs.protocol import Observation, StepResult
+from envs.registry import make_env
 from envs.service import LocalEnvClient
 from envs.wire import EpisodeFailure, from_wire, to_wire
-from envs.worker import make_env
 from tests.unit.envs.fake_envs import CounterEnv, assert_same
 from tests.envs_api import env_reset, env_step
 
