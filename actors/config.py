@@ -1,4 +1,4 @@
-"""What an inference actor runs: ``ActorConfig``, built by launch/builders.py from the model,
+"""What an inference actor runs: ``ActorConfig``, built by launch/config/builders.py from the model,
 env and actors config groups, and read by actors/actor.py.
 
 Invariant: a config that constructs is usable: unknown keys, empty pools, more episodes in flight

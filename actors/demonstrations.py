@@ -1,7 +1,7 @@
 """Solver demonstrations for the warm start: whole episodes whose answers a perfect-but-noisy
 player wrote, as token-in/token-out Trajectories exactly as the actor would have recorded them.
 
-Called by launch/warm_start.py (supervised fine-tuning before RL). Works for the grid envs
+Called by launch/model/warm_start.py (supervised fine-tuning before RL). Works for the grid envs
 (envs.frozenlake, envs.sokoban, envs.gym_game: a ``GridEnv`` with a ``game`` that can ``solve()``), in every
 answer format of envs.formats.FORMATS, and for a game that plans its own demonstration turns
 (``demonstrate_turn`` and ``reasoning``: envs/primitive_skill/game.py, whose ``"habit"`` puts a

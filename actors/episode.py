@@ -23,7 +23,7 @@ Invariants:
 - Images (a VLM, actors/vision.py): each observation's images become the model's pad runs, in
   order, and the trajectory carries them. An answer holding a vision token (the model wrote an
   image placeholder) fails the episode ("vision_token_generated"): it cannot be trained on.
-- With a ``record`` list (evaluation's sample episodes, shown by launch/episode_pages.py), each
+- With a ``record`` list (evaluation's sample episodes, shown by launch/run/pages.py), each
   turn the env answered is appended as plain data (``turn_record``); without one nothing extra is
   built.
 """

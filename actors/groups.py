@@ -7,7 +7,7 @@ seeds come from a stream fixed by (``seed``, ``actor_id``, ``incarnation``) with
 ``train_seeds``, and a resumed run skips the groups its checkpoint says were drawn.
 
 ``GroupHolder``, when ``whole_groups`` is on (GRPO): the learner's buffer takes groups whole
-(transport/buffer.py), so the actor sends a group's members together, once every member has
+(learner/buffer.py), so the actor sends a group's members together, once every member has
 ended, each stamped with how many were sent (``Trajectory.group_size``). A failed member makes
 the group partial: it is sent with the members it has and counted.
 """

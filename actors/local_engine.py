@@ -1,7 +1,7 @@
 """A vLLM engine in this process, behind the part of AsyncLLM's interface the actor uses.
 
 vLLM's ``AsyncLLM`` always runs its engine core in a child process. The single-process topology
-(``topology=local``, launch/local.py) wants the engine here, in the process that also trains,
+(``topology=local``, launch/topology/local_cluster.py) wants the engine here, in the process that also trains,
 so ``InProcessEngine`` wraps vLLM's synchronous ``LLMEngine`` (its core in-process, the model on
 a uni-process executor) and steps it from one thread of its own. To the actor it looks like an
 AsyncLLM: ``generate`` is an async iterator over a request's outputs; ``pause_generation`` /

@@ -1,4 +1,4 @@
-"""The env worker pool's settings: one dataclass for the run's ``actors`` group (launch/config.py's
+"""The env worker pool's settings: one dataclass for the run's ``actors`` group (launch/config/schema.py's
 ``ActorsConfig`` extends it) and ``python -m envs.main``'s command line, with the same names.
 
 Called by envs/main.py and, through the run config, by the actors (envs/pool.py takes these).

@@ -2,47 +2,31 @@
 
 Composes configs/train.yaml with the command line (``env=sokoban actors.num=4``, ``--multirun``
 sweeps, ``+experiment=...`` presets), then hands the config and the run directory to the training
-loop (launch/loop.py), whose cluster (launch/cluster.py) starts a local Ray cluster or attaches to the one in
-``RAY_ADDRESS`` (so ``ray job submit -- python -m launch.train ...`` works unchanged).
+loop (launch/run/loop.py), whose Ray topology (launch/topology/ray_cluster.py) starts a local Ray
+cluster or attaches to the one in ``RAY_ADDRESS`` (so ``ray job submit -- python -m launch.train
+...`` works unchanged). Code that is not a command line composes the same config with
+``launch.config.compose.compose``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from launch.config import RunConfig, to_run_config  # registers the schema with Hydra
+from launch.config.schema import to_run_config  # registers the schema with Hydra
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def compose(overrides: Sequence[str] = ()) -> RunConfig:
-    """configs/train.yaml with ``overrides`` (``["env=sokoban", "train.steps=10"]``) as
-    ``python -m launch.train`` composes it, as a ``RunConfig``, for scripts, notebooks,
-    benchmarks and tests: hand it and a run directory to ``launch.loop.train``. Sets Hydra's
-    global config, through which the ``${hydra:...}`` values (the run name) resolve."""
-    from hydra import compose as compose_hydra
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose_hydra("train", overrides=list(overrides), return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    return to_run_config(cfg)
-
-
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    from launch.loop import train
+    from launch.run.loop import train  # after the config parses: --help stays instant
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run = to_run_config(cfg)

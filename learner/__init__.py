@@ -1,2 +1,2 @@
-"""Learner: advantage estimators and losses (pure), and later the FSDP model, train step and
-worker process. Imports transport only; never actors or envs."""
+"""Learner: advantage estimators and losses (pure), and later the FSDP model, train step,
+trajectory buffer and worker process. Imports transport only; never actors or envs."""

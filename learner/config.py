@@ -1,5 +1,5 @@
 """What the learner trains and how: ``TrainerConfig`` and the estimators and policy losses it
-names. Pure configuration; ``learner/trainer.py`` runs it, ``launch/builders.py`` builds it from
+names. Pure configuration; ``learner/trainer.py`` runs it, ``launch/config/builders.py`` builds it from
 the model, algorithm and learner config groups.
 
 Invariant: a ``TrainerConfig`` that constructs is valid: unknown keys, estimators, losses, dtypes
@@ -26,7 +26,7 @@ PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 @dataclass
 class TrainerConfig:
-    """What the learner trains and how; ``launch/builders.py`` builds it from the model,
+    """What the learner trains and how; ``launch/config/builders.py`` builds it from the model,
     algorithm and learner groups. Algorithm keys mean what configs/algorithm/*.yaml says."""
 
     model_path: str
@@ -153,7 +153,7 @@ class TrainerConfig:
 @dataclass
 class WorkerConfig:
     """One learner rank's process (learner/worker.py): its trainer, where it runs, and rank 0's
-    stream and buffer settings; ``launch/builders.py`` builds it from the run config."""
+    stream and buffer settings; ``launch/config/builders.py`` builds it from the run config."""
 
     trainer: TrainerConfig
     cores: tuple[int, ...] = ()
@@ -165,7 +165,7 @@ class WorkerConfig:
     dist_timeout_s: float = 1800.0
     """Timeout of the learner ranks' process group."""
     max_staleness: int = 1
-    """Rank 0's buffer: versions a trajectory may lag (transport/buffer.py)."""
+    """Rank 0's buffer: versions a trajectory may lag (learner/buffer.py)."""
     on_stale: str = "drop"
     """drop | keep."""
     group_size: int = 1

@@ -1,6 +1,6 @@
 """Supervised fine-tuning on demonstration trajectories: the warm start's loss and its loop.
 
-Called by launch/warm_start.py before RL, in one process (no process group: the models it is for
+Called by launch/model/warm_start.py before RL, in one process (no process group: the models it is for
 train in seconds to minutes). Pure torch; the trajectories come from actors/demonstrations.py
 through the wire schema, collated by learner.batch like RL batches. A vision-language model's
 trajectories carry images: ``train_sft`` gets the model's ``learner.vision.ImageInputs`` and

@@ -1,6 +1,6 @@
 """One learner rank: the FSDP process group, the trainer, and on rank 0 the stream and the publisher.
 
-The launcher (launch/cluster.py) wraps ``LearnerWorker`` as a Ray actor, one per rank, and
+The launcher (launch/topology/ray_cluster.py) wraps ``LearnerWorker`` as a Ray actor, one per rank, and
 drives every rank with the same calls in the same order (``train_step``, ``publish_weights``,
 ``save_checkpoint`` ...): each is collective over the learner's process group. No Ray here.
 
@@ -14,7 +14,7 @@ Invariants:
   a trajectory's staleness is measured against it when its batch is taken;
 - every rank trains on the same list of trajectories, broadcast from rank 0 over a gloo group
   (objects are trusted here: they were validated when they came off the wire);
-- accounting, per actor: received == taken + dropped + buffered (see transport/buffer.py).
+- accounting, per actor: received == taken + dropped + buffered (see learner/buffer.py).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from learner.buffer import TrajectoryBuffer
 from learner.config import WorkerConfig
 from learner.trainer import Trainer
 from transport import heap
-from transport.buffer import TrajectoryBuffer
 from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory

@@ -1,5 +1,5 @@
 """Whether ManiSkill can simulate here: ``requires_maniskill()`` skips a test, saying why, on a
-machine without a Vulkan device (launch/system.sh sets up Mesa's lavapipe where it can)."""
+machine without a Vulkan device (launch/tools/system.sh sets up Mesa's lavapipe where it can)."""
 
 import functools
 import subprocess

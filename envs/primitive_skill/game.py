@@ -4,7 +4,7 @@ Built by ``make_env`` (envs.registry's ``primitive_skill``): ``PrimitiveSkill`` 
 envs/grid_env.py's ``GridEnv`` plays, so the answer formats, the format reward, the turn limit and
 the reasoning judge are the same layer as every other env's. One simulator per game (one per env,
 so one per env worker process as the pool runs it); ManiSkill needs a Vulkan device
-(launch/system.sh installs Mesa's lavapipe where there is none).
+(launch/tools/system.sh installs Mesa's lavapipe where there is none).
 
 - Actions: ``pick(x,y,z)``, ``place(x,y,z)``, ``push(x1,y1,z1,x2,y2,z2)``, integer millimetres in
   the world frame the prompt states (x toward the viewer, y to the right, z up; the table top at

@@ -165,7 +165,7 @@ def main() -> None:
     p.add_argument("--json", help="also save the rows here")
     a = p.parse_args()
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    from launch.tiny_model import build_tiny_model
+    from launch.model.tiny_model import build_tiny_model
 
     latencies = [float(x) for x in a.latencies.split(",")]
     concurrencies = [int(x) for x in a.concurrency.split(",")]
@@ -194,13 +194,13 @@ def main() -> None:
 
 
 VLLM_KINDS = ("EngineCore", "VLLM::Worker")
-"""launch/memory.py's process kinds of vLLM's engine core and worker."""
+"""launch/run/memory.py's process kinds of vLLM's engine core and worker."""
 
 
 def cpu_seconds(monitor) -> dict[str, float]:
     """CPU seconds (user + system) so far of this process (the actor, or the replay's loop),
     of vLLM's engine core and worker processes, and of the rest of its children (env workers),
-    as ``monitor`` (a launch/memory.py MemoryMonitor of this process) classifies them."""
+    as ``monitor`` (a launch/run/memory.py MemoryMonitor of this process) classifies them."""
     monitor.sample_cpu()
     out = dict.fromkeys(("this process", "vLLM", "env workers"), 0.0)
     for pid, (kind, seconds) in monitor.cpu_by_pid.items():
@@ -214,7 +214,7 @@ def against_vllm(loop, actor, concurrency: int, episodes: int, trials: int) -> l
     """``trials`` times: the actor plays ``episodes`` recorded episodes, then vLLM replays
     them; a row a trial with the CPU seconds each side's processes took, and the median
     ratio."""
-    from launch.memory import MemoryMonitor
+    from launch.run.memory import MemoryMonitor
 
     rows, ratios = [], []
     monitor = MemoryMonitor(os.getpid(), interval_s=24 * 3600)  # CPU only, sampled by hand

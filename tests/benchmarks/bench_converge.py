@@ -4,11 +4,11 @@ start, in one invocation.
     python -m tests.benchmarks.bench_converge [--model WARM_START] [--target 0.6] [--steps 40]
         [--eval-every 10] [--set K=V ...] [--json out.json]
 
-Each mode is a real `launch.loop.train` (Ray, vLLM actor, ZeroMQ, gloo broadcast, FSDP learner)
+Each mode is a real `launch.run.loop.train` (Ray, vLLM actor, ZeroMQ, gloo broadcast, FSDP learner)
 of the default config from the same model, each at its best here (bench_loop: synchronous with
 the learner's two threads over both cores, asynchronous with a core each), with greedy evals on the default 256 held-out maps
 every ``--eval-every`` steps. Without ``--model`` the default warm start is built first
-(launch.warm_start with configs/train.yaml's settings and seed: the same model `make train`
+(launch.model.warm_start with configs/train.yaml's settings and seed: the same model `make train`
 starts its RL from; about 9 minutes here); pass a `make train` run's ``warm-start`` directory to
 skip that.
 
@@ -24,8 +24,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from launch.metrics import read_records
-from launch.train import compose
+from launch.run.metrics import read_records
+from launch.config.compose import compose
 from tests.benchmarks.bench_loop import UNBOUND
 from tests.benchmarks.report import report
 
@@ -51,7 +51,7 @@ def time_to(evals: list[tuple[int, float, float]], target: float) -> tuple[int, 
 
 
 def run(overrides: list[str], run_dir: Path) -> dict:
-    from launch.loop import train
+    from launch.run.loop import train
 
     cfg = compose(overrides)
     train(cfg, run_dir)
@@ -63,9 +63,9 @@ def run(overrides: list[str], run_dir: Path) -> dict:
 
 def build_warm_start(out: Path, overrides: list[str]) -> Path:
     """The default job's warm start (what `make train` builds before RL) into ``out``."""
-    from launch.builders import warm_start_config
-    from launch.tiny_model import build_tiny_model
-    from launch.warm_start import warm_start
+    from launch.config.builders import warm_start_config
+    from launch.model.tiny_model import build_tiny_model
+    from launch.model.warm_start import warm_start
 
     cfg = compose(overrides)
     tiny = build_tiny_model(out / "tiny-model", seed=cfg.model.build_seed)

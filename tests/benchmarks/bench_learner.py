@@ -2,7 +2,7 @@
 micro-batches, and each against the plain transformers passes over the same tokens.
 
 Run with `make bench` (or `python -m tests.benchmarks.bench_learner`). One process, a gloo group
-of one, the tiny model and the default job's algorithm group (``launch.train.compose``: vagen_full,
+of one, the tiny model and the default job's algorithm group (``launch.config.compose.compose``: vagen_full,
 policy, critic and reference model); the batch is one mini-batch of the default job, 32 FrozenLake
 episodes as its warm start's demonstrations write them (configs/train.yaml: its prompt, moves per
 turn, mistakes; real token sequences, 1 to 3 turns, so lengths vary as in RL). The baseline is
@@ -41,7 +41,7 @@ def _batch(cfg, model_dir: Path, n: int):
     from transformers import AutoTokenizer
 
     from actors.demonstrations import make_demonstrations
-    from launch.builders import env_config
+    from launch.config.builders import env_config
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     ws = cfg.warm_start
@@ -154,8 +154,8 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None,
         split: int | None = None) -> tuple[list[dict], list[dict]]:
     import dataclasses
 
-    from launch.tiny_model import build_tiny_model
-    from launch.train import compose
+    from launch.model.tiny_model import build_tiny_model
+    from launch.config.compose import compose
     from learner.config import TrainerConfig
     from learner.trainer import Trainer
 

@@ -1,7 +1,7 @@
 """The whole loop: async vs sync on the same config, async with and without cores of their own
 for the learner and the actor (``ray.bind_cores``), async vs sync as env latency grows, and async
 throughput with 1, 2, 4 actors when env latency dominates. Every run is a real
-`launch.loop.train` (Ray, vLLM actors, ZeroMQ, gloo broadcast, FSDP learner) on the tiny model;
+`launch.run.loop.train` (Ray, vLLM actors, ZeroMQ, gloo broadcast, FSDP learner) on the tiny model;
 ratios are against the sync run / the 1-actor run measured in the same invocation.
 
     python -m tests.benchmarks.bench_loop [--parts modes,latency,scaling] [--steps 12]
@@ -14,7 +14,7 @@ Throughput = trajectories trained on per second over the steady state (from the 
 last learner step, so start-up is excluded). Where the time goes comes from the actors' counters
 (generation, env, weight updates, engine idle), the learner's (waiting for a batch, training,
 pushing weights) and the CPU seconds each kind of process used per step over the same span
-(launch/memory.py): the learner, vLLM (engine core and worker), the actor process, and the rest
+(launch/run/memory.py): the learner, vLLM (engine core and worker), the actor process, and the rest
 (env workers, Ray, the driver); their sum over the seconds a step takes is how many of the
 machine's cores were busy.
 """
@@ -26,16 +26,16 @@ import json
 import tempfile
 from pathlib import Path
 
-from launch.loop import train
-from launch.metrics import read_records
-from launch.train import compose
+from launch.run.loop import train
+from launch.run.metrics import read_records
+from launch.config.compose import compose
 from tests.benchmarks.report import report
 
 # Without cores of their own (ray.bind_cores=false) the learner runs 2 threads on both cores,
 # one of them shared with vLLM's: the best a sync learner can do, whose phase has both cores.
 UNBOUND = ("ray.bind_cores=false", "learner.threads=2")
 CPU_KINDS = {"learner": ("LearnerWorker",), "vllm": ("EngineCore", "VLLM::Worker"), "actor": ("InferenceActor",)}
-"""Process kinds (launch/memory.py) of each CPU column; every other kind counts as "rest"."""
+"""Process kinds (launch/run/memory.py) of each CPU column; every other kind counts as "rest"."""
 
 
 def cpu_per_step(first: dict, last: dict, steps: int) -> dict[str, float]:

@@ -28,7 +28,7 @@ def run(prompts: list[str], micro_sizes: list[int], steps: int, threads: int) ->
 
     from actors.demonstrations import make_demonstrations
     from envs.registry import load_config
-    from launch.tiny_model import build_tiny_model
+    from launch.model.tiny_model import build_tiny_model
     from learner.sft import train_sft
 
     torch.set_num_threads(threads)

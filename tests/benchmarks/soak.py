@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.soak [--minutes 60] [--warmup-minutes 10] [--json out.json]
 
-A real ``launch.loop.train`` (Ray, vLLM actor, env pool, ZeroMQ stream, gloo broadcast,
+A real ``launch.run.loop.train`` (Ray, vLLM actor, env pool, ZeroMQ stream, gloo broadcast,
 FSDP learner) with the default config, except: no warm start (memory does not depend on what the
 weights know), no periodic eval, and steps without end; SIGTERM stops it after ``--minutes``,
 as it would stop a job (checkpoint, then shut down). Memory is the training loop's monitor: the
@@ -23,8 +23,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from launch.metrics import read_records
-from launch.train import compose
+from launch.run.metrics import read_records
+from launch.config.compose import compose
 from tests.benchmarks.report import report
 
 WINDOW_S = 300.0
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-minutes", type=float, default=10.0)
     p.add_argument("--json")
     a = p.parse_args(argv)
-    from launch.loop import train
+    from launch.run.loop import train
 
     cfg = compose(["train.steps=1000000", "train.eval_every=0", "train.eval_seeds=4",
                           "warm_start.enabled=false", "logger.wandb=false"])

@@ -20,7 +20,7 @@ import pytest
 
 from actors.actor import InferenceActor, WeightUpdateError
 from actors.groups import GROUP_STRIDE
-from launch.tiny_model import build_tiny_model
+from launch.model.tiny_model import build_tiny_model
 from tests.collector import Collector
 from transport.weights import WeightPublisher
 

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from launch.metrics import read_records
+from launch.run.metrics import read_records
 from tests.integration.test_train_loop import _run
 
 STEPS = 6

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from actors.vision import VisionTokens
-from launch.tiny_model import build_tiny_model
+from launch.model.tiny_model import build_tiny_model
 from tests.integration.test_actor import LOGPROB_TOL, started_actor
 from transport.images import collapse_pads, decode_image
 from transport.weights import WeightPublisher

@@ -3,9 +3,9 @@
 No learning signal is asked of it; that every part takes it is. Its moves have three outcomes, so
 there is no solver to demonstrate with, and the run says it goes without a warm start."""
 
-from launch.loop import train
-from launch.metrics import read_records
-from launch.train import compose
+from launch.run.loop import train
+from launch.run.metrics import read_records
+from launch.config.compose import compose
 
 
 def test_cliff_walking_trains_through_the_adapter(tmp_path, capsys):

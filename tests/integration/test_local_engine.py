@@ -9,7 +9,7 @@ import pytest
 
 from actors.config import ActorConfig
 from actors.engine import build_engine, sampling_params
-from launch.tiny_model import build_tiny_model
+from launch.model.tiny_model import build_tiny_model
 
 
 def _params(max_tokens: int = 32):

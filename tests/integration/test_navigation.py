@@ -148,7 +148,7 @@ def test_text_mode_lists_what_is_in_view_and_the_judge_rewards_the_truth():
 
 def test_demonstrations_succeed_without_noise_and_wander_with_it():
     from actors.demonstrations import make_demonstrations
-    from launch.tiny_tokenizer import build_tokenizer
+    from launch.model.tiny_tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(seed=0)
     config = resolve_config("navigation", {"render": "text", "format": "free_think"})

@@ -195,7 +195,7 @@ def test_a_hung_simulator_step_times_out_and_its_worker_is_replaced():
 
 def test_demonstrations_succeed_without_noise_and_miss_with_it():
     from actors.demonstrations import make_demonstrations
-    from launch.tiny_tokenizer import build_tokenizer
+    from launch.model.tiny_tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(seed=0)
     config = resolve_config("primitive_skill", {"format": "grounding_worldmodeling",
@@ -217,7 +217,7 @@ def test_demonstrations_succeed_without_noise_and_miss_with_it():
 
 def test_the_structured_format_asks_for_a_dict_and_demonstrations_write_one():
     from actors.demonstrations import make_demonstrations
-    from launch.tiny_tokenizer import build_tokenizer
+    from launch.model.tiny_tokenizer import build_tokenizer
 
     config = resolve_config("primitive_skill", {"format": "grounding_worldmodeling_structured",
                                                 "reasoning_reward": {"judge": "rule"}})

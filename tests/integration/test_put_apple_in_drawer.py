@@ -113,7 +113,7 @@ def test_the_same_seed_replays_the_same_episode(env):
 
 
 def test_demonstrations_succeed_and_their_predictions_score_with_the_rule_judge():
-    from launch.tiny_tokenizer import build_tokenizer
+    from launch.model.tiny_tokenizer import build_tokenizer
 
     config = resolve_config("primitive_skill", {"task": TASK, "format": "grounding_worldmodeling",
                                                 "reasoning_reward": {"judge": "rule"}})

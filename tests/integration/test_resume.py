@@ -16,8 +16,8 @@ import psutil
 import pytest
 import torch
 
-from launch import checkpoints
-from launch.metrics import read_records
+from launch.run import checkpoints
+from launch.run.metrics import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 10

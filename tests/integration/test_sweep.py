@@ -1,6 +1,6 @@
 """The real command line: ``python -m launch.train --multirun`` over two seeds, as a user types
 it, each run in its own directory under ``storage`` with its own summary, and the sweep's table
-of final metrics written next to them (launch/sweep.py)."""
+of final metrics written next to them (launch/run/sweep.py)."""
 
 from __future__ import annotations
 

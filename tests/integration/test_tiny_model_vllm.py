@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from launch.tiny_model import build_tiny_model
+from launch.model.tiny_model import build_tiny_model
 
 N_NEW = 16
 LOGPROB_TOL = 1e-4
@@ -147,7 +147,7 @@ class TestTextModel:
     def test_reasoning_tags_survive_vllm_detokenisation(self, text_model):
         from vllm import SamplingParams
 
-        from launch.tiny_tokenizer import REASONING_TAGS
+        from launch.model.tiny_tokenizer import REASONING_TAGS
 
         model_dir, llm = text_model
         tokenizer = llm.get_tokenizer()

@@ -13,9 +13,9 @@ import statistics
 
 import pytest
 
-from launch.loop import train
-from launch.metrics import read_records
-from launch.train import compose
+from launch.run.loop import train
+from launch.run.metrics import read_records
+from launch.config.compose import compose
 
 SHORT = [
     "train.steps=4", "train.batch_size=8", "train.eval_every=2", "train.eval_seeds=8",
@@ -131,7 +131,7 @@ def test_ctrl_c_checkpoints_and_stops_at_the_next_step(tmp_path, monkeypatch):
     import os
     import signal
 
-    from launch.metrics import RunLogger
+    from launch.run.metrics import RunLogger
 
     log = RunLogger.log
 

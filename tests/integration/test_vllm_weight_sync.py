@@ -78,7 +78,7 @@ def _greedy_hf(model_dir, prompt_ids, vision: bool):
 def _scenario(out: Path, vision: bool, tp: int) -> None:
     from vllm import LLM, SamplingParams
 
-    from launch.tiny_model import build_tiny_model
+    from launch.model.tiny_model import build_tiny_model
     from transport.weights import WeightPublisher
 
     old = build_tiny_model(out / "old", seed=0, vision=vision)

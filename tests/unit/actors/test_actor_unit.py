@@ -14,7 +14,7 @@ from actors.groups import GROUP_STRIDE, INCARNATION_STRIDE
 from actors.config import ActorConfig
 from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
-from launch.tiny_tokenizer import build_tokenizer
+from launch.model.tiny_tokenizer import build_tokenizer
 from transport.channels import trajectory_source
 from tests.envs_api import env_reset, env_step
 

@@ -13,7 +13,7 @@ import pytest
 from actors.demonstrations import make_demonstrations, offsets
 from envs.formats import FORMATS, parse
 from envs.registry import load_config, make, resolve_config
-from launch.tiny_tokenizer import build_tokenizer
+from launch.model.tiny_tokenizer import build_tokenizer
 from transport.images import collapse_pads
 from tests.envs_api import env_reset, env_step
 
@@ -232,7 +232,7 @@ def test_actions_per_turn_and_bad_settings(tokenizer):
 
 @pytest.fixture(scope="module")
 def vl_path(tmp_path_factory):
-    from launch.tiny_model import build_tiny_model
+    from launch.model.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("vl"), vision=True, seed=0))
 

@@ -14,7 +14,7 @@ from actors.episode import ChatContext, Generation, run_episode, turn_record
 from envs.registry import load_config, make
 from envs.protocol import Observation, StepResult
 from envs.wire import EpisodeFailure
-from launch.tiny_tokenizer import build_tokenizer
+from launch.model.tiny_tokenizer import build_tokenizer
 from tests.envs_api import env_reset, env_step
 
 

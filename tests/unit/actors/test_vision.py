@@ -10,7 +10,7 @@ import envs
 from actors.episode import ChatContext, Generation, run_episode
 from actors.vision import VisionTokens, vllm_prompt
 from envs.registry import load_config
-from launch.tiny_model import build_tiny_model
+from launch.model.tiny_model import build_tiny_model
 from tests.unit.actors.test_episode import OneEnvClient
 from transport.images import decode_image
 from tests.envs_api import env_reset, env_step

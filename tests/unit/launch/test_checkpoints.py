@@ -1,10 +1,10 @@
-"""launch/checkpoints.py: atomic commits, the newest k kept, and metrics cut back to a step."""
+"""launch/run/checkpoints.py: atomic commits, the newest k kept, and metrics cut back to a step."""
 
 import json
 
 import pytest
 
-from launch import checkpoints
+from launch.run import checkpoints
 
 
 def _write(run_dir, step):

@@ -1,14 +1,15 @@
-"""configs/: every group composes, launch/builders.py maps them onto the components' config keys, and
+"""configs/: every group composes, launch/config/builders.py maps them onto the components' config keys, and
 the GPU experiment presets carry VAGEN's published hyper-parameters."""
 
 import inspect
 import os
 
 import pytest
-from launch.builders import actor_config, prepare_model, trainer_config, warm_start_config
-from launch.supervisor import _episodes_per_actor
-from launch.tiny_model import build_tiny_model
-from launch.train import CONFIGS, compose
+from launch.config.builders import actor_config, trainer_config, warm_start_config
+from launch.model.prepare import prepare_model
+from launch.run.supervisor import _episodes_per_actor
+from launch.model.tiny_model import build_tiny_model
+from launch.config.compose import CONFIGS, compose
 from tests.maniskill import requires_maniskill
 
 
@@ -84,7 +85,7 @@ def test_sync_mode_asks_each_actor_for_whole_groups(batch, group, actors, expect
     (0, 0, 0, 0, 1, 4, 32),      # strictly on-policy
 ])
 def test_episode_budget(step, ahead, stale, dropped, actors, group, expected):
-    from launch.supervisor import episode_budget
+    from launch.run.supervisor import episode_budget
 
     got = episode_budget(step, batch_size=32, run_ahead=ahead, max_staleness=stale, dropped=dropped,
                          actors=actors, group_size=group)
@@ -105,7 +106,7 @@ def test_an_image_env_with_a_text_model_fails_before_anything_starts(tmp_path):
 
 
 def test_warm_start_config_is_the_warm_start_call_of_the_run():
-    from launch.warm_start import warm_start
+    from launch.model.warm_start import warm_start
 
     kw = warm_start_config(compose(["seed=3", "warm_start.steps=7"]))
     params = inspect.signature(warm_start).parameters
@@ -129,7 +130,7 @@ def test_a_bad_key_or_value_fails_at_compose_naming_it(override, named):
 
 
 def test_code_below_the_entry_gets_dataclasses():
-    from launch.config import ActorsConfig, RunConfig
+    from launch.config.schema import ActorsConfig, RunConfig
 
     cfg = compose(["actors.num=2"])
     assert isinstance(cfg, RunConfig) and isinstance(cfg.actors, ActorsConfig) and cfg.actors.num == 2
@@ -146,9 +147,9 @@ def test_every_group_file_composes_into_the_schema():
 
 
 def test_the_config_reference_is_up_to_date():
-    from launch.config_reference import main
+    from launch.config.reference import main
 
-    assert main(["--check"]) == 0, "run: python -m launch.config_reference"
+    assert main(["--check"]) == 0, "run: python -m launch.config.reference"
 
 
 def test_mapping_values_compose_and_reach_the_trainer():
@@ -182,7 +183,7 @@ def test_secondary_command_lines_speak_the_runs_names():
 
 
 def test_tensor_parallel_follows_the_engines_gpus_and_sets_the_weight_ranks():
-    from launch.cluster import RayCluster
+    from launch.topology.ray_cluster import RayCluster
 
     assert compose([]).actors.tp == 1
     gpu = compose(["actors=gpu", "actors.gpus_per_engine=2"])
@@ -201,7 +202,7 @@ def test_the_local_topology_runs_one_actor_and_one_learner_rank(more):
 
 
 def test_the_local_topology_restarts_no_actor_and_says_why():
-    from launch.local import LocalCluster
+    from launch.topology.local_cluster import LocalCluster
 
     cluster = LocalCluster(compose(["topology=local"]))
     crash = ValueError("engine step failed")
@@ -211,7 +212,7 @@ def test_the_local_topology_restarts_no_actor_and_says_why():
 
 
 def test_hub_access_is_off_for_local_models_and_a_hub_id_fails_clearly(monkeypatch, tmp_path):
-    from launch.builders import hub_access
+    from launch.model.hub import hub_access
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     hub_access(compose([]))  # the tiny model: built here, nothing to fetch
@@ -226,7 +227,7 @@ def test_hub_access_is_off_for_local_models_and_a_hub_id_fails_clearly(monkeypat
 
 
 def test_the_stream_is_keyed_on_a_cluster_and_open_on_loopback_unless_told(tmp_path):
-    from launch.builders import stream_keys
+    from launch.topology.ray_cluster import stream_keys
     from transport import security
 
     assert stream_keys(compose([]), networked=False) is None  # auto, loopback

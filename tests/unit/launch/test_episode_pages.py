@@ -1,4 +1,4 @@
-"""launch/episode_pages.py: an evaluation's page of recorded episodes splits each answer into its
+"""launch/run/pages.py: an evaluation's page of recorded episodes splits each answer into its
 sections, escapes every string of the episode, and, opened in a real headless browser with no
 network, shows every image and runs no script but its own."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from actors.episode import turn_record
 from envs.protocol import Observation, StepResult
-from launch.episode_pages import answer_parts, render_page, write_eval_page
+from launch.run.pages import answer_parts, render_page, write_eval_page
 
 HOSTILE = ('<script>document.body.dataset.pwned = "1"</script>'
            '<img src=x onerror="document.body.dataset.pwned=2">')
@@ -108,7 +108,7 @@ def _run_browser(binary: str, profile, *args: str, timeout_s: float = 60.0) -> s
 def test_a_headless_browser_shows_every_image_and_runs_no_model_script(tmp_path):
     binary = _browser()
     if binary is None:
-        pytest.skip("no chromium-headless-shell (launch/system.sh installs it: apt-get install "
+        pytest.skip("no chromium-headless-shell (launch/tools/system.sh installs it: apt-get install "
                     "chromium-headless-shell, as root)")
     page = write_eval_page(tmp_path / "run", 4, MEANS, _episodes(), env_name="frozenlake")
     url = page.resolve().as_uri()

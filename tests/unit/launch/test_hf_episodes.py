@@ -1,4 +1,4 @@
-"""launch/hf_episodes.py: FrozenLake episodes played by transformers' generate on the tiny model.
+"""launch/model/playback.py: FrozenLake episodes played by transformers' generate on the tiny model.
 
 The sampled tokens' log-probs must be those of the distribution they were drawn from (the
 learner recomputes the same numbers, so on-policy ratios are 1); greedy play is deterministic.
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from envs.registry import load_config
-from launch.hf_episodes import evaluate_hf, play
-from launch.tiny_model import build_tiny_model
+from launch.model.playback import evaluate_hf, play
+from launch.model.tiny_model import build_tiny_model
 from learner.models import token_logprobs
 from tests.envs_api import env_reset, env_step
 
@@ -112,7 +112,7 @@ def test_left_padded_image_rows_are_sampled_as_alone(vlm):
     its own row, unpadded, with its images."""
     from actors.episode import ChatContext, Generation
     from envs.registry import make
-    from launch.hf_episodes import Batcher
+    from launch.model.playback import Batcher
 
     _, model, tokenizer, vision = vlm
     env = make("frozenlake", **IMAGE_ENV)

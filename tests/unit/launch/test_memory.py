@@ -1,4 +1,4 @@
-"""launch.memory.MemoryMonitor sees a child process's memory grow."""
+"""launch.run.memory.MemoryMonitor sees a child process's memory grow."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from launch.memory import MemoryMonitor
+from launch.run.memory import MemoryMonitor
 
 
 def test_monitor_counts_a_child_that_allocates():

@@ -1,7 +1,7 @@
-"""launch.metrics.RunLogger: jsonl records, progress line, learning-curve PNG (with the judge's
+"""launch.run.metrics.RunLogger: jsonl records, progress line, learning-curve PNG (with the judge's
 eval scores)."""
 
-from launch.metrics import RunLogger, eval_scores, read_records
+from launch.run.metrics import RunLogger, eval_scores, read_records
 
 
 def test_records_are_jsonl_and_the_curve_is_drawn(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""launch.patch_torchvision: the source rewrite guards exactly the unguarded fake kernels and is
+"""launch.tools.patch_torchvision: the source rewrite guards exactly the unguarded fake kernels and is
 idempotent; the installed torchvision imports (the install step has run the patch)."""
 
 import importlib.util
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launch.patch_torchvision import ANCHOR, MARKER, patched_source
+from launch.tools.patch_torchvision import ANCHOR, MARKER, patched_source
 
 SOURCE = f'''import torch
 {ANCHOR}

@@ -1,10 +1,10 @@
-"""launch/placement.py: a pure, tested placement of learner ranks, actors and env workers."""
+"""launch/topology/placement.py: a pure, tested placement of learner ranks, actors and env workers."""
 
 import random
 
 import pytest
 
-from launch.placement import Node, PlacementError, Roles, place
+from launch.topology.placement import Node, PlacementError, Roles, place
 
 
 def test_single_cpu_machine_default_job():
@@ -125,8 +125,8 @@ def test_a_run_larger_than_the_cluster_says_what_it_asks_for():
 
 
 def test_a_gpu_preset_on_a_cpu_machine_fails_before_anything_starts():
-    from launch.cluster import RayCluster
-    from launch.train import compose
+    from launch.topology.ray_cluster import RayCluster
+    from launch.config.compose import compose
 
     roles = RayCluster(compose(["experiment=vagen_full_sokoban_3b"]))._roles()
     with pytest.raises(PlacementError, match="asks for 8 GPUs"):

@@ -3,7 +3,7 @@ method table says: the reasoning reward for VAGEN-Full only, turn rewards at tur
 Turn-PPO and VAGEN-Full, one episode reward at the last policy token for GRPO and VAGEN-Base.
 
 Each preset is composed as ``python -m launch.train algorithm=<name>`` composes it, its env built
-from ``launch.builders.env_config`` (what the actors build), and one scripted FrozenLake episode
+from ``launch.config.builders.env_config`` (what the actors build), and one scripted FrozenLake episode
 (perfect observations and predictions, the solver's moves one per turn) played through the real
 episode loop and collated by the learner's ``collate``."""
 
@@ -14,9 +14,9 @@ import pytest
 
 from actors.episode import Generation, run_episode
 from envs.registry import make
-from launch.builders import actor_config, env_config, trainer_config
-from launch.tiny_tokenizer import build_tokenizer
-from launch.train import compose
+from launch.config.builders import actor_config, env_config, trainer_config
+from launch.model.tiny_tokenizer import build_tokenizer
+from launch.config.compose import compose
 from learner.batch import collate
 from learner.config import TrainerConfig
 from tests.envs_api import env_reset, env_step

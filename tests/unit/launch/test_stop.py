@@ -1,4 +1,4 @@
-"""launch.loop.Stop: SIGTERM and a first Ctrl-C ask the loop to stop at the next step boundary;
+"""launch.run.loop.Stop: SIGTERM and a first Ctrl-C ask the loop to stop at the next step boundary;
 a second Ctrl-C raises KeyboardInterrupt; the previous handlers come back on exit."""
 
 import os
@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from launch.loop import Stop
+from launch.run.loop import Stop
 
 
 @pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])

@@ -1,6 +1,6 @@
-"""launch/supervisor.py's decisions when an actor or a weight push fails.
+"""launch/run/supervisor.py's decisions when an actor or a weight push fails.
 
-The cluster (launch/topology.py's ``Cluster``) is replaced by a recorder whose push, reform and run outcomes a
+The cluster (launch/topology/protocol.py's ``Cluster``) is replaced by a recorder whose push, reform and run outcomes a
 test plays in order, so each failure is injected exactly where the test wants it. The real
 operations on real processes are tests/integration/test_actor_restart.py's.
 """
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import ray.exceptions
 
-from launch import supervisor as sup
-from launch.config import ActorsConfig, LearnerConfig, TrainConfig
-from launch.topology import PushError
+from launch.run import supervisor as sup
+from launch.config.schema import ActorsConfig, LearnerConfig, TrainConfig
+from launch.topology.protocol import PushError
 
 BATCH, GROUP, ACTORS = 8, 4, 2
 

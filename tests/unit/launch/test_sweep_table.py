@@ -1,6 +1,6 @@
 import json
 
-from launch.sweep import collect
+from launch.run.sweep import collect
 
 
 def test_the_table_has_a_row_per_run_in_job_order_and_marks_failed_ones(tmp_path):

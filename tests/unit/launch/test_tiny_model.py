@@ -1,4 +1,4 @@
-"""launch.tiny_model / tiny_tokenizer: the offline tiny model loads with transformers, is
+"""launch.model.tiny_model / tiny_tokenizer: the offline tiny model loads with transformers, is
 deterministic, and its tokenizer keeps the invariants the rollout code relies on."""
 
 import subprocess
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from envs.relations import HORIZONTAL, VERTICAL, describe, parse_relations
-from launch.tiny_model import build_tiny_model
-from launch.tiny_tokenizer import (
+from launch.model.tiny_model import build_tiny_model
+from launch.model.tiny_tokenizer import (
     GRID_SYMBOLS,
     REASONING_TAGS,
     RELATION_TOKENS,
@@ -42,7 +42,7 @@ def _files(d: Path) -> dict[str, bytes]:
 
 
 def test_help_does_not_import_torch():
-    code = "import sys, launch.tiny_model; assert not {'torch', 'transformers'} & set(sys.modules)"
+    code = "import sys, launch.model.tiny_model; assert not {'torch', 'transformers'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])
 
 
@@ -217,7 +217,7 @@ def test_command_line_takes_the_model_groups_names(tmp_path, capsys):
     import torch
     from safetensors.torch import load_file
 
-    from launch.tiny_model import build_tiny_model, main
+    from launch.model.tiny_model import build_tiny_model, main
 
     main(["--out", str(tmp_path / "cli"), "--build-seed", "3"])
     assert "parameters" in capsys.readouterr().out

@@ -1,21 +1,66 @@
-"""launch/topology.py: both topologies offer every operation of ``Cluster`` with its parameters,
-the factory picks the configured one, and the helpers both share compute what they promise."""
+"""launch/topology/: both topologies offer every operation of ``Cluster`` with its parameters,
+the factory picks the configured one, the loop calls only the learner half, and the helpers both
+share compute what they promise."""
 
+import ast
 import inspect
+from pathlib import Path
+from typing import Protocol
 
 import pytest
 
-from launch.cluster import RayCluster
-from launch.local import LocalCluster
-from launch.topology import (Cluster, PushError, combine_evaluations, eval_shares, make_cluster,
-                             push_timings, weighted_means)
-from launch.train import compose
+from launch.config.compose import compose
+from launch.topology.combine import combine_evaluations, eval_shares, push_timings, weighted_means
+from launch.topology.factory import make_cluster
+from launch.topology.local_cluster import LocalCluster
+from launch.run import loop, supervisor
+from launch.topology.protocol import Actors, Cluster, Learners, PushError
+from launch.topology.ray_cluster import RayCluster
+
+
+def _members(proto: type) -> dict[str, object]:
+    """A Protocol's operations and attributes, its bases' included, by name."""
+    out: dict[str, object] = {}
+    for cls in reversed(proto.__mro__):
+        if cls in (object, Protocol) or not getattr(cls, "_is_protocol", False):
+            continue
+        out.update({k: None for k in getattr(cls, "__annotations__", {})})
+        out.update({k: v for k, v in vars(cls).items() if not k.startswith("_")})
+    return out
+
+
+def _attributes(module) -> set[tuple[str, str]]:
+    """Every ``<object>.<attribute>`` in a module's source, as (object's text, attribute)."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    return {(ast.unparse(n.value), n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
+def test_the_cluster_is_its_two_halves():
+    assert _members(Cluster).keys() == _members(Learners).keys() | _members(Actors).keys()
+    assert not _members(Learners).keys() & _members(Actors).keys()
+
+
+def test_the_loop_makes_no_call_on_the_actors():
+    """One owner of the actors' lifecycle: the loop calls the learner half of the cluster and
+    reaches the actors only through the supervisor."""
+    used = _attributes(loop)
+    actor_ops = _members(Actors).keys()
+    assert not {(o, a) for o, a in used if a in actor_ops and o != "supervisor"}
+    assert not {o for o, a in used if a == "cluster"}  # the loop never holds the whole cluster
+    on_learners = {a for o, a in used if o in ("learners", "supervisor.learners")}
+    assert on_learners and on_learners <= _members(Learners).keys()
+
+
+def test_the_supervisor_uses_only_what_the_protocol_offers():
+    used = {a for o, a in _attributes(supervisor) if o == "self.cluster"}
+    assert used and used <= _members(Cluster).keys()
 
 
 @pytest.mark.parametrize("impl", [RayCluster, LocalCluster])
 def test_each_topology_has_every_operation_with_its_parameters(impl):
-    for name, member in vars(Cluster).items():
-        if name.startswith("_") or not callable(member):
+    for name, member in _members(Cluster).items():
+        if not callable(member) or isinstance(member, property):
+            assert hasattr(impl(compose(["topology=local"])), name), (impl.__name__, name)
             continue
         want = list(inspect.signature(member).parameters)
         have = list(inspect.signature(getattr(impl, name)).parameters)

@@ -1,4 +1,4 @@
-"""launch/warm_start.py from the command line, a few steps on the tiny models: the text model on
+"""launch/model/warm_start.py from the command line, a few steps on the tiny models: the text model on
 text FrozenLake, the tiny Qwen2-VL on FrozenLake rendered as pictures (``--render image``). The
 output is a model directory the next stage loads (for the VLM: with its processor), trained."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from envs.registry import load_config
-from launch.tiny_model import build_tiny_model
-from launch.warm_start import PROCESSOR_FILES, config_defaults, main, parse_args
+from launch.model.tiny_model import build_tiny_model
+from launch.model.warm_start import PROCESSOR_FILES, config_defaults, main, parse_args
 
 
 @pytest.mark.parametrize("vision", [False, True], ids=["text", "image"])
@@ -62,11 +62,11 @@ def test_an_image_env_needs_a_vision_language_model(tmp_path):
 
 
 def test_command_line_defaults_are_the_root_configs_warm_start():
-    """``python -m launch.warm_start`` with no tuning flags warm-starts as ``make train`` does,
+    """``python -m launch.model.warm_start`` with no tuning flags warm-starts as ``make train`` does,
     and its flags are the run's warm_start keys, same names."""
     import dataclasses
 
-    from launch.train import compose
+    from launch.config.compose import compose
 
     config = compose([]).warm_start
     args = parse_args(["--model", "m", "--out", "o"])
@@ -82,7 +82,7 @@ def test_command_line_defaults_are_the_root_configs_warm_start():
 
 
 def test_demonstrations_built_in_processes_are_those_built_here(tmp_path):
-    from launch.warm_start import demonstrations
+    from launch.model.warm_start import demonstrations
 
     model = build_tiny_model(tmp_path / "tiny")
     kwargs = {"action_noise": 0.3, "rng_seed": 5, "mistake": "random"}

@@ -114,7 +114,7 @@ def _tiny_qwen(vocab: int):
 def test_train_sft_lowers_the_loss_on_demonstrations_and_is_deterministic():
     from actors.demonstrations import make_demonstrations
     from envs.registry import load_config
-    from launch.tiny_tokenizer import build_tokenizer
+    from launch.model.tiny_tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(seed=0)
     demos = make_demonstrations("frozenlake", load_config("frozenlake"), tokenizer, range(4),
@@ -140,7 +140,7 @@ def test_micro_batches_give_the_same_steps_as_the_whole_batch(micro):
     of the padded batch, up to float rounding."""
     from actors.demonstrations import make_demonstrations
     from envs.registry import load_config
-    from launch.tiny_tokenizer import build_tokenizer
+    from launch.model.tiny_tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(seed=0)
     demos = make_demonstrations("frozenlake", load_config("frozenlake"), tokenizer, range(8),
@@ -184,7 +184,7 @@ def vlm(tmp_path_factory):
     from actors.demonstrations import make_demonstrations
     from actors.vision import VisionTokens
     from envs.registry import load_config
-    from launch.tiny_model import build_tiny_model
+    from launch.model.tiny_model import build_tiny_model
 
     path = str(build_tiny_model(tmp_path_factory.mktemp("vl"), vision=True, seed=0))
     processor = AutoProcessor.from_pretrained(path)

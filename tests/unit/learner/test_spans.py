@@ -11,7 +11,7 @@ import torch
 
 from actors.demonstrations import make_demonstrations
 from envs.registry import load_config
-from launch.tiny_tokenizer import build_tokenizer
+from launch.model.tiny_tokenizer import build_tokenizer
 from learner import losses
 from learner.spans import TagSpans
 

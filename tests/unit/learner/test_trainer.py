@@ -1,4 +1,4 @@
-"""learner/trainer.py on the tiny Qwen2 (launch/tiny_model.py) over real gloo groups on CPU.
+"""learner/trainer.py on the tiny Qwen2 (launch/model/tiny_model.py) over real gloo groups on CPU.
 
 One world-size-1 group serves the module; the two-rank test spawns its own processes (joined,
 and killed if they hang) and compares them with world size 1 on the same trajectories.
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from launch.tiny_model import build_tiny_model
+from launch.model.tiny_model import build_tiny_model
 from learner.config import TrainerConfig
 from learner.trainer import Trainer
 from transport.schema import Trajectory

@@ -19,7 +19,7 @@ import envs
 from actors.episode import ChatContext, Generation
 from actors.vision import VisionTokens
 from envs.registry import load_config
-from launch.tiny_model import build_tiny_model
+from launch.model.tiny_model import build_tiny_model
 from learner.config import TrainerConfig
 from learner.trainer import Trainer
 from transport.images import decode_image

@@ -1,7 +1,7 @@
 """What a run writes and shows: metrics.jsonl, a progress line, wandb, the learning-curve PNG
 (success, and the reasoning judge's eval scores where the env has one).
 
-Called by the training loop (launch/loop.py) once per learner step and per evaluation.
+Called by the training loop (launch/run/loop.py) once per learner step and per evaluation.
 Invariants: every record is one JSON line in ``<run dir>/metrics.jsonl`` (``kind`` is ``train``
 or ``eval``) written before anything else can fail; wandb is optional and offline unless the
 config says online; the PNG is redrawn from the records, so it always matches the jsonl.

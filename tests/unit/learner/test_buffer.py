@@ -1,9 +1,9 @@
-"""transport/buffer.py: FIFO batches, the staleness bound, and exact accounting of every entry."""
+"""learner/buffer.py: FIFO batches, the staleness bound, and exact accounting of every entry."""
 
 import pytest
 
+from learner.buffer import TrajectoryBuffer
 from tests.unit.transport.trajectories import make_trajectory
-from transport.buffer import TrajectoryBuffer
 
 
 def test_fifo_batches_and_release():

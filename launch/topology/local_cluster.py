@@ -1,6 +1,6 @@
 """``topology=local``: the whole run in this process, for debugging a new env, estimator or loss.
 
-The same loop (launch/loop.py), supervisor, learner (``LearnerWorker`` and its ``Trainer``) and
+The same loop (launch/run/loop.py), supervisor, learner (``LearnerWorker`` and its ``Trainer``) and
 actor (``InferenceActor``) as ``topology=ray``, without Ray and without sockets of ours: the
 learner is a group of one rank on an in-memory store, the trajectories and the weights travel
 through transport/inprocess.py's channels, and the actor's vLLM engine runs in this process
@@ -27,9 +27,11 @@ import time
 from pathlib import Path
 from typing import Any, Coroutine
 
-from launch.builders import actor_config, warm_start_config, worker_config
-from launch.config import RunConfig
-from launch.topology import PushError, combine_evaluations, eval_shares, push_timings
+from launch.config.builders import actor_config, warm_start_config, worker_config
+from launch.config.schema import RunConfig
+from launch.model.warm_start import warm_start
+from launch.topology.combine import combine_evaluations, eval_shares, push_timings
+from launch.topology.protocol import PushError
 
 
 class _ActorLoop:
@@ -53,7 +55,7 @@ class _ActorLoop:
 
 
 class LocalCluster:
-    """The ``Cluster`` (launch/topology.py) of one process: see the module docstring."""
+    """The ``Cluster`` (launch/topology/protocol.py) of one process: see the module docstring."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -73,10 +75,8 @@ class LocalCluster:
         return True
 
     def warm_start(self, model_path: str, out: Path) -> str:
-        """SFT on demonstrations (launch/warm_start.py), here, on every core."""
+        """SFT on demonstrations (launch/model/warm_start.py), here, on every core."""
         import torch
-
-        from launch.warm_start import warm_start
 
         threads = torch.get_num_threads()
         torch.set_num_threads(os.cpu_count() or 1)

@@ -1,4 +1,4 @@
-"""`python -m launch.config_reference`: write docs/config-reference.md from launch/config.py.
+"""`python -m launch.config.reference`: write docs/config-reference.md from launch/config/schema.py.
 
 Every group of the run's schema, each key with its type, its default in the schema and its
 docstring (read from the source: attribute docstrings are not kept at run time), and the YAML
@@ -16,9 +16,9 @@ import sys
 import typing
 from pathlib import Path
 
-from launch import config
+from launch.config import schema as config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "config-reference.md"
 
 
@@ -71,7 +71,7 @@ def _default(f: dataclasses.Field) -> str:
 def render() -> str:
     hints = typing.get_type_hints(config.RunConfig)
     lines = ["# Configuration reference", "",
-             "Generated from `launch/config.py` by `python -m launch.config_reference`; do not edit.",
+             "Generated from `launch/config/schema.py` by `python -m launch.config.reference`; do not edit.",
              "Every key is checked when the config is composed: an unknown key, or a value of the",
              "wrong type, fails with Hydra's message naming it. Defaults below are the schema's;",
              "the YAML files of `configs/` set the values a run starts from.", ""]
@@ -102,14 +102,14 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.config_reference", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m launch.config.reference", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if docs/config-reference.md is out of date")
     args = p.parse_args(argv)
     text = render()
     if args.check:
         current = OUT.read_text(encoding="utf-8") if OUT.exists() else ""
         if current != text:
-            print(f"{OUT} is out of date: run python -m launch.config_reference", file=sys.stderr)
+            print(f"{OUT} is out of date: run python -m launch.config.reference", file=sys.stderr)
             return 1
         return 0
     OUT.write_text(text, encoding="utf-8")

@@ -1,5 +1,5 @@
 """Command-line flags made from a config dataclass, so a secondary command line (``python -m
-launch.warm_start``) speaks the run's config names: ``--action-noise`` is ``warm_start.action_noise``.
+launch.model.warm_start``) speaks the run's config names: ``--action-noise`` is ``warm_start.action_noise``.
 
 Called by the secondary entry points. Each field becomes ``--<name with dashes>``, typed as the
 field (``null`` for an optional one), with the given defaults (the composed run config's values:
@@ -13,7 +13,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from launch.config_reference import field_docs
+from launch.config.reference import field_docs
 
 
 def add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any,

@@ -1,7 +1,7 @@
 """Pages of sample episodes: ``<run dir>/episodes/eval_step_<step>.html`` for each evaluation,
 and ``episodes/index.html`` linking them.
 
-Called by the training loop (launch/loop.py) after each evaluation, with the evaluation's means and
+Called by the training loop (launch/run/loop.py) after each evaluation, with the evaluation's means and
 the episodes the actors recorded (actors/actor.py's ``evaluate(record=k)``: plain data, each turn
 actors/episode.py's ``turn_record``). Each turn shows the images and text the model was given, its
 answer split into its tagged sections, the reward's terms, the judge's scores and the actions.

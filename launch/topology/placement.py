@@ -1,6 +1,6 @@
 """Placement: which process runs where, with which ranks and ports. A pure function, no Ray.
 
-Called by the Ray cluster (launch/cluster.py: each ``Slot`` becomes a Ray actor pinned to its
+Called by the Ray cluster (launch/topology/ray_cluster.py: each ``Slot`` becomes a Ray actor pinned to its
 node) and tested on its own. Invariants:
 - no node is given more CPUs or GPUs than it has; an infeasible request raises PlacementError
   saying what was asked for and what exists;

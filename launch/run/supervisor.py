@@ -1,8 +1,10 @@
-"""Keeps a run's actors going: episode budgets, crash detection and restart, weight pushes that
-survive a dead actor, sync-mode rollouts.
+"""The one owner of a run's actors: starts and stops the processes, keeps the actors going
+(episode budgets, crash detection and restart, weight pushes that survive a dead actor,
+sync-mode rollouts) and evaluates through them.
 
-Called by launch/loop.py between and during learner steps. Policy only: the processes and every
-operation on them (start, restart, weight group, push) are launch/cluster.py's.
+Called by launch/run/loop.py, which makes no call on the actors itself (``Supervisor.learners``
+is the half of the cluster it may call: launch/topology/protocol.py's ``Learners``). Policy
+only: how each operation is done on the processes is the topology's (launch/topology/).
 
 Invariants:
 - a failed actor (its process died, or its ``run`` raised) is replaced by its next incarnation on
@@ -22,8 +24,11 @@ from __future__ import annotations
 import logging
 import time
 
-from launch.config import RunConfig
-from launch.topology import Cluster, PushError
+from pathlib import Path
+from typing import Any
+
+from launch.config.schema import RunConfig
+from launch.topology.protocol import Cluster, Learners, PushError
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +42,44 @@ class Supervisor:
         """Per actor: what its budget is lowered by (the budget when it was replaced)."""
 
     @property
+    def learners(self) -> Learners:
+        """The cluster's learner half: what the loop calls directly."""
+        return self.cluster
+
+    # --- the processes ------------------------------------------------------------------------
+    def start(self, model_path: str, log_dir: Path | None = None,
+              streams: list[dict[str, int]] | None = None) -> None:
+        """Start the learner ranks and the actors from ``model_path`` (``streams``: a resumed
+        run's seed streams per actor)."""
+        self.cluster.start(model_path, log_dir=log_dir, streams=streams)
+        self.offsets = [0] * len(self.cluster.actors)
+
+    def shutdown(self) -> None:
+        """Stop every process the cluster started (also after a failed ``start``)."""
+        self.cluster.shutdown()
+
+    @property
     def restarts(self) -> int:
         return sum(self.cluster.incarnations)
+
+    @property
+    def incarnations(self) -> list[int]:
+        """Per actor: times it was restarted."""
+        return list(self.cluster.incarnations)
+
+    def actor_stats(self) -> list[dict[str, Any]]:
+        """Each actor's counters (episodes, failures, its seed stream's position)."""
+        return self.cluster.actor_stats()
+
+    def actor_streams(self) -> list[dict[str, int]]:
+        """Per actor: where its seed stream is (``incarnation``, ``groups_drawn``), for a
+        checkpoint from which a resumed run continues it."""
+        return [{"incarnation": int(s["incarnation"]), "groups_drawn": int(s["groups_drawn"])}
+                for s in self.cluster.actor_stats()]
+
+    def evaluate(self, seeds: list[int], pages: int = 0) -> dict[str, Any]:
+        """Greedy episodes on ``seeds`` across the actors (the topology's ``evaluate``)."""
+        return self.cluster.evaluate(seeds, pages)
 
     # --- async mode ---------------------------------------------------------------------------
     def start_runs(self, step: int) -> None:
@@ -56,6 +97,15 @@ class Supervisor:
                               max_staleness=c.learner.max_staleness, dropped=dropped,
                               actors=len(self.cluster.actors), group_size=c.actors.group_size)
 
+    @property
+    def running(self) -> bool:
+        """Async mode: the actors' background runs are started (and not stopped)."""
+        return self.cluster.running
+
+    def stop_runs(self) -> None:
+        """End the actors' background runs (their episodes in flight end unsent)."""
+        self.cluster.stop_runs()
+
     def check(self, version: int) -> None:
         """Replace every actor whose background run ended (runs end only by ``stop_runs``)."""
         failed = self.cluster.ended_runs()
@@ -64,7 +114,8 @@ class Supervisor:
 
     # --- both modes ---------------------------------------------------------------------------
     def push(self, version: int) -> dict[str, float]:
-        """``push_weights``; on failure, dead actors replaced and one retry in a new generation."""
+        """``push_weights``; on failure, dead actors replaced and one retry in a new generation.
+        Also after a resume: the engines start from the model path, not the checkpoint."""
         try:
             return self.cluster.push_weights(version)
         except PushError as e:

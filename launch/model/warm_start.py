@@ -1,18 +1,18 @@
-"""`python -m launch.warm_start`: supervised fine-tuning on solver demonstrations before RL.
+"""`python -m launch.model.warm_start`: supervised fine-tuning on solver demonstrations before RL.
 
 A model that starts from random weights (the tiny model) cannot find the answer format by
 sampling, so RL would never see a reward. The warm start teaches the format, and a little of the
 task, from demonstrations (actors/demonstrations.py) whose actions are partly random, and stops
 early: the model should answer in the format most of the time yet still leave RL room to improve.
 
-Called by launch/cluster.py (``RayCluster.warm_start``, inside a Ray task) and from the command line.
+Called by launch/topology/ray_cluster.py (``RayCluster.warm_start``, inside a Ray task) and from the command line.
 ``warm_start`` writes into ``out_dir`` the fine-tuned model (``save_pretrained``), the tokenizer
 files (a vision-language model's processor files too) and ``warm_start.jsonl``: one JSON line
 for the demonstrations, then the metrics of every logged SFT step (and of each evaluation, when
 asked for one).
 
 A model whose config has a ``vision_config`` (Qwen2-VL style; the tiny one is
-``launch.tiny_model --vision``) loads as an image-text-to-text model, and an env that renders
+``launch.model.tiny_model --vision``) loads as an image-text-to-text model, and an env that renders
 images (``render: image``) is demonstrated, trained on and evaluated with the pictures, token in
 / token out as the actor records its episodes (actors.vision, learner.vision). A VLM on a text
 env trains on text alone.
@@ -20,7 +20,7 @@ env trains on text alone.
 Seeds: demonstrations are played on ``[seed_offset, seed_offset + n_seeds)``; the RL run
 evaluates on ``[train.eval_seed_offset, ...)`` = ``[1_000_000, ...)`` (configs/train.yaml), so
 keep ``seed_offset + n_seeds`` below that. The warm start is judged before and after by
-``launch.hf_episodes.evaluate_hf``, greedy episodes with transformers (the RL run's evaluation
+``launch.model.playback.evaluate_hf``, greedy episodes with transformers (the RL run's evaluation
 uses vLLM).
 """
 
@@ -37,6 +37,9 @@ import numpy as np
 
 from actors.demonstrations import MISTAKES, REASONING, make_demonstrations
 from envs.grid_env import PROMPTS, RENDERS
+from launch.config.cli import add_fields
+from launch.config.compose import compose
+from launch.config.schema import WarmStartConfig
 
 if TYPE_CHECKING:
     from actors.vision import VisionTokens
@@ -67,7 +70,7 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     from actors.vision import VisionTokens
-    from launch.hf_episodes import evaluate_hf
+    from launch.model.playback import evaluate_hf
     from learner.sft import train_sft
     from learner.vision import ImageInputs
 
@@ -205,16 +208,11 @@ def _demo_summary(demos: list, seconds: float) -> dict[str, float]:
 
 def config_defaults():
     """The composed run config's ``warm_start`` group: what ``make train`` warm-starts with."""
-    from launch.train import compose
-
     return compose([]).warm_start
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from launch.cli import add_fields
-    from launch.config import WarmStartConfig
-
-    p = argparse.ArgumentParser(prog="python -m launch.warm_start",
+    p = argparse.ArgumentParser(prog="python -m launch.model.warm_start",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="Hugging Face model directory to start from")
     p.add_argument("--out", required=True, type=Path, help="where the fine-tuned model goes")

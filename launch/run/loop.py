@@ -1,9 +1,10 @@
 """The training loop of one run: warm start, start the processes, train, evaluate, checkpoint.
 
-Called by ``python -m launch.train`` (the Hydra entry) with the run config and the run directory;
-the processes themselves (placement, start, weight push, evaluation, shutdown) are owned by the
-topology's cluster (launch/topology.py: Ray's, or all in this process), the decisions about them
-(budgets, restarts) are launch/supervisor.py's. No Ray here.
+Called by ``python -m launch.train`` (the Hydra entry) with the run config and the run directory.
+The processes (placement, start, weight push, evaluation, shutdown) are the topology's
+(launch/topology/: Ray's, or all in this process); the actors have one owner, the supervisor
+(launch/run/supervisor.py: start and stop, budgets, restarts, pushes, evaluations), and the loop
+calls the learner half of the cluster (``Learners``) itself. No Ray here.
 
 The loop. ``async``: actors play episodes without pause, each within an episode budget that keeps
 them ``actors.run_ahead`` batches ahead of the learner; each learner step takes the next batch
@@ -11,13 +12,13 @@ within the staleness bound, and every ``publish_every`` steps the weights go to 
 flight. ``sync``: the same components with no overlap: generate a batch, train, push, repeat
 (the baseline the async mode is measured against). Greedy evaluation on held-out seeds runs
 before RL, every ``eval_every`` steps and at the end; each writes a page of its first
-``eval_pages`` episodes, turn by turn (launch/episode_pages.py). launch/supervisor.py keeps the
+``eval_pages`` episodes, turn by turn (launch/run/pages.py). launch/run/supervisor.py keeps the
 actors going: it sets their budgets, and replaces one that crashed (between the learner's waits
 for a batch, or when a weight push fails) without stopping the run.
 
 Invariants: everything started here is stopped here, on success, on error and on SIGTERM or
 Ctrl-C (which checkpoint first, at the next step boundary; a second Ctrl-C leaves at once);
-``<run dir>/summary.json`` is written in every case. Checkpoints (launch/checkpoints.py) are
+``<run dir>/summary.json`` is written in every case. Checkpoints (launch/run/checkpoints.py) are
 written every ``train.checkpoint_every`` steps and at the end. Resuming (``train.resume=<run
 dir>``) continues that run in its directory from its newest checkpoint: the step, the policy
 version, the optimizers, the value-norm statistics, the entropy coefficient and the learner
@@ -36,13 +37,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launch import checkpoints
-from launch.builders import hub_access, prepare_model
-from launch.config import RunConfig
-from launch.episode_pages import write_eval_page
-from launch.metrics import RunLogger
-from launch.supervisor import Supervisor
-from launch.topology import Cluster, make_cluster
+from launch.config.schema import RunConfig
+from launch.model.hub import hub_access
+from launch.model.prepare import prepare_model
+from launch.run import checkpoints
+from launch.run.memory import MemoryMonitor
+from launch.run.metrics import RunLogger
+from launch.run.pages import write_eval_page
+from launch.run.supervisor import Supervisor
+from launch.topology.factory import make_cluster
+from launch.topology.protocol import Learners
 
 WAIT_SLICE_S = 5.0
 """The learner waits for a batch this long per call; the supervisor checks the actors between."""
@@ -86,27 +90,27 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
               f"{dropped} records of later steps dropped", flush=True)
     logger = RunLogger(run_dir, dataclasses.asdict(cfg), wandb_mode=cfg.logger.mode,
                        use_wandb=cfg.logger.wandb, project=cfg.logger.project, name=cfg.run_name)
-    cluster = make_cluster(cfg)
+    supervisor = Supervisor(cfg, make_cluster(cfg))
+    learners = supervisor.learners
     monitor = None
-    if cluster.connect():  # a local cluster: every process of the run is a descendant of this one
-        from launch.memory import MemoryMonitor
-
+    if learners.connect():  # a local cluster: every process of the run is a descendant of this one
         monitor = MemoryMonitor(os.getpid())
     summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": cfg.train.mode}
     try:
         with Stop() as stop:
-            cluster.check_room()  # a run the cluster cannot hold fails before its warm start
+            learners.check_room()  # a run the cluster cannot hold fails before its warm start
             t0 = time.perf_counter()
-            model_path = prepare_model(cfg, run_dir, cluster.warm_start)
+            model_path = prepare_model(cfg, run_dir, learners.warm_start)
             summary["warm_start_s"] = round(time.perf_counter() - t0, 1)
-            cluster.start(model_path, log_dir=log_dir, streams=resume["actor_streams"] if resume else None)
-            summary["nodes"], summary["stream_curve"] = cluster.nodes, cluster.stream_secured
-            summary.update(_run(cfg, run_dir, cluster, logger, monitor, stop, resume))
+            supervisor.start(model_path, log_dir=log_dir,
+                             streams=resume["actor_streams"] if resume else None)
+            summary["nodes"], summary["stream_curve"] = learners.nodes, learners.stream_secured
+            summary.update(_run(cfg, run_dir, supervisor, logger, monitor, stop, resume))
     finally:
         if monitor is not None:
             summary["memory"] = monitor.report()
             monitor.close()
-        cluster.shutdown()
+        supervisor.shutdown()
         logger.plot()
         logger.close()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -135,41 +139,41 @@ def _eval_text(record: dict[str, Any]) -> str:
     return " | ".join([f"success {record['success']:.3f}", *scores])
 
 
-def _run(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger, monitor, stop: Stop,
-         resume: dict[str, Any] | None) -> dict[str, Any]:
+def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogger,
+         monitor: MemoryMonitor | None, stop: Stop, resume: dict[str, Any] | None) -> dict[str, Any]:
     """From started processes to the final checkpoint; returns the summary's results."""
+    learners = supervisor.learners
     t = cfg.train
     step = 0
     seeds = list(range(t.eval_seed_offset, t.eval_seed_offset + t.eval_seeds))
     evals = [r for r in logger.records if r["kind"] == "eval"]
     resumed = None
     if resume is not None:
-        loaded = cluster.load_checkpoint(resume["path"])
+        loaded = learners.load_checkpoint(resume["path"])
         step = int(loaded["step"])
         if loaded["optimizer_fingerprint_loaded"] != loaded["optimizer_fingerprint"]:
             raise RuntimeError(f"{resume['path']}: the optimizers did not come back as saved")
-        cluster.push_weights(step)  # the actors' engines start from the model path, not the checkpoint
+        supervisor.push(step)  # the actors' engines start from the model path, not the checkpoint
         resumed = {"step": step, "version": int(loaded["version"]),
                    "optimizer_fingerprint": loaded["optimizer_fingerprint_loaded"]}
     if not evals:
-        evals.append(_evaluate(cfg, run_dir, cluster, logger, seeds, step))
+        evals.append(_evaluate(cfg, run_dir, supervisor, logger, seeds, step))
         print(f"eval before RL: {_eval_text(evals[-1])} on {len(seeds)} seeds", flush=True)
-    supervisor = Supervisor(cfg, cluster)
     if t.mode == "async":
         supervisor.start_runs(step)
     while step < t.steps and not stop.requested:
         t_step = time.perf_counter()
-        metrics = _train_step(cfg, cluster, supervisor, step)
+        metrics = _train_step(cfg, supervisor, step)
         step += 1
         if step % t.publish_every == 0:
             metrics.update(supervisor.push(step))
-        if cluster.running:
+        if supervisor.running:
             supervisor.set_budgets(step, dropped=int(metrics.get("buffer/dropped", 0)))
         wall = time.perf_counter() - t_step
         metrics.update({"timing/step_wall_s": wall, "throughput/trajectories_per_s": t.batch_size / wall,
                         "throughput/tokens_per_s": metrics.get("rollout/tokens", 0.0) / wall,
                         "actors/restarts": supervisor.restarts})
-        if monitor is not None:  # memory as of the monitor thread's last sample (launch/memory.py)
+        if monitor is not None:  # memory as of the monitor thread's last sample (launch/run/memory.py)
             monitor.sample_cpu()
             if monitor.total:
                 metrics["memory/total_gib"] = monitor.total / 2**30
@@ -179,28 +183,28 @@ def _run(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger, mon
         if step % cfg.logger.print_every == 0:
             logger.progress(record)
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            evals.append(_evaluate(cfg, run_dir, cluster, logger, seeds, step))
+            evals.append(_evaluate(cfg, run_dir, supervisor, logger, seeds, step))
             print(f"eval at step {step}: {_eval_text(evals[-1])}", flush=True)
         if t.checkpoint_every and step % t.checkpoint_every == 0:
-            _checkpoint(cfg, cluster, run_dir, step)
-    cluster.stop_runs()
+            _checkpoint(cfg, supervisor, run_dir, step)
+    supervisor.stop_runs()
     if evals[-1]["step"] != step and not stop.requested:  # a stop request leaves quickly
-        evals.append(_evaluate(cfg, run_dir, cluster, logger, seeds, step))
+        evals.append(_evaluate(cfg, run_dir, supervisor, logger, seeds, step))
     print(f"eval after RL: {_eval_text(evals[-1])}", flush=True)
-    _checkpoint(cfg, cluster, run_dir, step)
-    cluster.save_final(run_dir, t.save_samples)
+    _checkpoint(cfg, supervisor, run_dir, step)
+    learners.save_final(run_dir, t.save_samples)
     last = [e["success"] for e in evals[-3:]]
     return {"steps": step, "eval_before": evals[0]["success"], "eval_after": evals[-1]["success"],
             "eval_last3_mean": sum(last) / len(last), "interrupted": stop.requested,
-            "actor_restarts": list(cluster.incarnations), "actors": cluster.actor_stats(),
-            "accounting": cluster.accounting(), "resumed_from": resumed}
+            "actor_restarts": supervisor.incarnations, "actors": supervisor.actor_stats(),
+            "accounting": learners.accounting(), "resumed_from": resumed}
 
 
-def _evaluate(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger, seeds: list[int],
-              step: int) -> dict[str, Any]:
+def _evaluate(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogger,
+              seeds: list[int], step: int) -> dict[str, Any]:
     """One evaluation: its means logged (the returned record), its recorded episodes written as
     ``<run dir>/episodes/eval_step_<step>.html``."""
-    means = cluster.evaluate(seeds, cfg.train.eval_pages)
+    means = supervisor.evaluate(seeds, cfg.train.eval_pages)
     episodes = means.pop("episodes", [])
     record = logger.log("eval", step, means)
     if cfg.train.eval_pages:
@@ -208,8 +212,7 @@ def _evaluate(cfg: RunConfig, run_dir: Path, cluster: Cluster, logger: RunLogger
     return record
 
 
-def _train_step(cfg: RunConfig, cluster: Cluster, supervisor: Supervisor,
-                version: int) -> dict[str, float]:
+def _train_step(cfg: RunConfig, supervisor: Supervisor, version: int) -> dict[str, float]:
     """One learner step (after a sync-mode rollout). The learner waits for its batch in slices
     of WAIT_SLICE_S, between which failed actors are replaced; no batch within
     ``train.batch_timeout_s`` ends the run."""
@@ -219,7 +222,7 @@ def _train_step(cfg: RunConfig, cluster: Cluster, supervisor: Supervisor,
     while True:
         supervisor.check(version)
         t_slice = time.perf_counter()
-        metrics = cluster.train_step(cfg.train.batch_size, WAIT_SLICE_S)
+        metrics = supervisor.learners.train_step(cfg.train.batch_size, WAIT_SLICE_S)
         if metrics:
             metrics["timing/wait_batch_s"] += t_slice - t0  # the slices before this one
             return metrics
@@ -227,11 +230,9 @@ def _train_step(cfg: RunConfig, cluster: Cluster, supervisor: Supervisor,
             raise RuntimeError(f"no full batch in {cfg.train.batch_timeout_s} s: are the actors producing?")
 
 
-def _checkpoint(cfg: RunConfig, cluster: Cluster, run_dir: Path, step: int) -> Path:
+def _checkpoint(cfg: RunConfig, supervisor: Supervisor, run_dir: Path, step: int) -> Path:
     """Every learner rank writes its part into the staging folder, with the step and each
-    actor's seed stream; then it is committed (launch/checkpoints.py)."""
-    streams = [{"incarnation": int(s["incarnation"]), "groups_drawn": int(s["groups_drawn"])}
-               for s in cluster.actor_stats()]
+    actor's seed stream; then it is committed (launch/run/checkpoints.py)."""
     path = checkpoints.staging(run_dir, step)
-    cluster.save_checkpoint(path, {"step": step, "actor_streams": streams})
+    supervisor.learners.save_checkpoint(path, {"step": step, "actor_streams": supervisor.actor_streams()})
     return checkpoints.commit(run_dir, step, cfg.train.keep_checkpoints)

@@ -1,7 +1,7 @@
 """The run's processes, owned in one place: every Ray call of a training run is in this module.
 
-Called by launch/loop.py (the run) and launch/supervisor.py (when to restart, what budgets).
-``RayCluster`` places (launch/placement.py) and starts, as Ray actors:
+Called by launch/run/loop.py (the run) and launch/run/supervisor.py (when to restart, what budgets).
+``RayCluster`` places (launch/topology/placement.py) and starts, as Ray actors:
 - the learner ranks (``learner.worker.LearnerWorker``): FSDP2 over gloo/NCCL; rank 0 binds the
   trajectory stream and hosts the weight group;
 - the inference actors (``actors.actor.InferenceActor``, async Ray actors): a vLLM engine each,
@@ -28,14 +28,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launch.builders import actor_config, stream_keys, warm_start_config, worker_config
-from launch.config import RunConfig
-from launch.placement import Node, Roles, place
+import ray
+import ray.exceptions
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from actors.engine import cpu_thread_binding
-from launch.topology import PushError, combine_evaluations, eval_shares, push_timings
+from launch.config.builders import actor_config, warm_start_config, worker_config
+from launch.config.schema import RunConfig
+from launch.model.warm_start import warm_start
+from launch.topology.combine import combine_evaluations, eval_shares, push_timings
+from launch.topology.placement import Node, Roles, place
+from launch.topology.protocol import PushError
+from transport import security
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -69,11 +76,9 @@ class RayCluster:
     # --- the cluster ---------------------------------------------------------------------------
     def connect(self) -> bool:
         """Attach to ``ray.address`` / RAY_ADDRESS, else start a local cluster. True if started."""
-        import ray
-
         env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
                     "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        if "HF_HUB_OFFLINE" in os.environ:  # launch/builders.py's hub_access: set for local models
+        if "HF_HUB_OFFLINE" in os.environ:  # launch/config/builders.py's hub_access: set for local models
             env_vars["HF_HUB_OFFLINE"] = os.environ["HF_HUB_OFFLINE"]
         address = self.cfg.ray.address or os.environ.get("RAY_ADDRESS")
         if address:
@@ -92,10 +97,8 @@ class RayCluster:
         place(_nodes(), self._roles())
 
     def warm_start(self, model_path: str, out: Path) -> str:
-        """SFT on demonstrations (launch/warm_start.py) in a Ray task that takes a whole node on
+        """SFT on demonstrations (launch/model/warm_start.py) in a Ray task that takes a whole node on
         CPU (nothing else runs yet); its worker exits after it and gives its memory back."""
-        import ray
-
         cfg = self.cfg
         cpus = cfg.learner.cpus if cfg.learner.gpus else max(
             n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"])
@@ -109,8 +112,6 @@ class RayCluster:
         weight group. With ``log_dir`` each process's output (an actor's vLLM engine included)
         goes to ``log_dir/learner-<rank>.log`` / ``actor-<index>.log``. ``streams`` (a resumed
         run's: ``incarnation`` and ``groups_drawn`` per actor) continue each actor's seeds."""
-        import ray
-
         from learner.worker import LearnerWorker
 
         cfg = self.cfg
@@ -158,8 +159,6 @@ class RayCluster:
 
     def shutdown(self) -> None:
         """Stop what was started, in order: actors (engines, env pools, senders), learners, Ray."""
-        import ray
-
         for a in self.actors:
             try:
                 ray.get(a.close.remote(), timeout=60)
@@ -178,42 +177,28 @@ class RayCluster:
     # --- the learner ---------------------------------------------------------------------------
     def train_step(self, batch_size: int, timeout_s: float) -> dict[str, float]:
         """One learner step on every rank; {} when no full batch arrived within the timeout."""
-        import ray
-
         return ray.get([w.train_step.remote(batch_size, timeout_s) for w in self.learners])[0]
 
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
-        import ray
-
         ray.get([w.save_checkpoint.remote(str(path), extra) for w in self.learners])
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        import ray
-
         return ray.get([w.load_checkpoint.remote(str(path)) for w in self.learners])[0]
 
     def save_final(self, run_dir: Path, samples: int) -> None:
         """The policy as a Hugging Face directory, and the last batch's samples as text."""
-        import ray
-
         ray.get([w.save_hf.remote(str(run_dir / "final-model")) for w in self.learners])
         (run_dir / "samples.txt").write_text(ray.get(self.learners[0].samples_text.remote(samples)))
 
     def accounting(self) -> dict[str, dict[str, int]]:
-        import ray
-
         return ray.get(self.learners[0].accounting.remote())
 
     # --- the actors ----------------------------------------------------------------------------
     def actor_stats(self) -> list[dict[str, Any]]:
-        import ray
-
         return ray.get([a.stats.remote() for a in self.actors])
 
     def set_budgets(self, budgets: list[int]) -> None:
-        """Each actor's episode budget (launch/supervisor.py decides them)."""
-        import ray
-
+        """Each actor's episode budget (launch/run/supervisor.py decides them)."""
         ray.get([a.set_episode_budget.remote(b) for a, b in zip(self.actors, budgets)])
 
     def start_runs(self, indices: list[int] | None = None) -> None:
@@ -230,8 +215,6 @@ class RayCluster:
 
     def ended_runs(self) -> dict[int, BaseException]:
         """Actors whose background run ended (runs end only by ``stop_runs``): their errors."""
-        import ray
-
         refs = [r for r in self._runs if r is not None]
         if not refs:
             return {}
@@ -247,8 +230,6 @@ class RayCluster:
         return failed
 
     def stop_runs(self) -> None:
-        import ray
-
         if self.running:
             ray.get([a.stop.remote() for a in self.actors])
             ray.get([r for r in self._runs if r is not None])
@@ -257,8 +238,6 @@ class RayCluster:
     def rollout(self, counts: dict[int, int]) -> dict[int, BaseException]:
         """Sync mode: actor i plays ``counts[i]`` episodes, all at once; returns the errors of
         the actors that failed."""
-        import ray
-
         refs = {i: self.actors[i].run.remote(num_episodes=n) for i, n in counts.items()}
         failed: dict[int, BaseException] = {}
         for i, ref in refs.items():
@@ -272,8 +251,6 @@ class RayCluster:
         """Replace actor ``index`` (dead, or its run failed) with a started one of the next
         incarnation; its episodes in flight are lost. Re-raises past ``actors.max_restarts``.
         The new engine holds the model path's weights: call ``reform_weights`` next."""
-        import ray
-
         limit = self.cfg.actors.max_restarts
         if self.incarnations[index] >= limit:
             raise RuntimeError(f"actor {index} failed after {limit} restarts") from error
@@ -287,8 +264,6 @@ class RayCluster:
         ray.get(self.actors[index].start.remote())
 
     def _new_actor(self, index: int):
-        import ray
-
         from actors.actor import InferenceActor
 
         slot = self._slots[index]
@@ -307,8 +282,6 @@ class RayCluster:
     def evaluate(self, seeds: list[int], pages: int = 0) -> dict[str, Any]:
         """Greedy episodes on ``seeds``, split across the actors; means weighted by episodes, and
         the episodes of the first ``pages`` seeds turn by turn under ``episodes``."""
-        import ray
-
         shares = eval_shares(seeds, len(self.actors), pages)
         return combine_evaluations(ray.get([a.evaluate.remote(share, record=k)
                                             for a, (share, k) in zip(self.actors, shares)]))
@@ -317,8 +290,6 @@ class RayCluster:
     def push_weights(self, version: int) -> dict[str, float]:
         """Every actor receives (in flight) the learner's weights of ``version``; returns
         timings. Raises ``PushError`` (after every call returned) if any side failed."""
-        import ray
-
         t0 = time.perf_counter()
         learner_refs = [w.publish_weights.remote() for w in self.learners]
         actor_refs = [a.update_weights.remote(version) for a in self.actors]
@@ -331,8 +302,6 @@ class RayCluster:
         errors = {i: r for i, r in enumerate(results[len(learner_refs):]) if isinstance(r, Exception)}
         learner_errors = [r for r in results[:len(learner_refs)] if isinstance(r, Exception)]
         if errors or learner_errors:
-            import ray.exceptions
-
             dead = {i for i, e in errors.items() if isinstance(e, ray.exceptions.RayActorError)}
             raise PushError(version, errors, learner_errors, dead)
         return push_timings(results[0], results[len(learner_refs):], lambda: time.perf_counter() - t0)
@@ -340,15 +309,11 @@ class RayCluster:
     def reform_weights(self, version: int) -> dict[str, float]:
         """A new generation of the weight group, every actor in it, and ``version`` pushed to
         all (the same version again is allowed: a restarted actor needs the current weights)."""
-        import ray
-
         ray.get([w.reform_weight_group.remote(self._weights.world_size) for w in self.learners])
         self._join_weight_group()
         return self.push_weights(version)
 
     def _join_weight_group(self) -> None:
-        import ray
-
         g = self._weights
         ray.get([a.join_weight_group.remote(g.address, slot.weight_ranks[0], g.world_size, g.timeout_s)
                  for a, slot in zip(self.actors, self._slots)])
@@ -361,18 +326,25 @@ class RayCluster:
                      engine_workers=cfg.actors.tp, env_workers=0)
 
 
+def stream_keys(cfg: RunConfig, networked: bool):
+    """The trajectory stream's CurveZMQ keys, (the learner's, the actors'), or None where
+    ``transport.curve`` leaves it open (off; auto on loopback: ``networked`` False)."""
+    t = cfg.transport
+    if t.curve == "off" or (t.curve == "auto" and not networked):
+        return None
+    if t.curve_keys:
+        return security.read_server(t.curve_keys), security.read_client(t.curve_keys)
+    return security.generate()
+
+
 def _warm_start_task(threads: int, *args, **kwargs) -> Path:
     import torch
-
-    from launch.warm_start import warm_start
 
     torch.set_num_threads(threads)
     return warm_start(*args, **kwargs)
 
 
 def _nodes() -> list[Node]:
-    import ray
-
     return [Node(n["NodeID"], n["NodeManagerAddress"], n["Resources"].get("CPU", 0.0),
                  int(n["Resources"].get("GPU", 0))) for n in ray.nodes() if n["Alive"]]
 
@@ -382,6 +354,4 @@ def _log_file(log_dir: Path | None, name: str) -> str | None:
 
 
 def _on(node_id: str):
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)

@@ -3,13 +3,13 @@
 Registered with Hydra's ConfigStore as ``run_schema``, the first entry of configs/train.yaml's
 defaults: every group's YAML merges into its typed node, so a misspelt or unknown key, or a
 value of the wrong type, fails when the config is composed (on the command line, in a sweep, in
-``launch.train.compose``), with Hydra's message naming the key. The YAML files keep the values;
+``launch.config.compose.compose``), with Hydra's message naming the key. The YAML files keep the values;
 the defaults here are what a key means when a YAML leaves it out.
 
 ``python -m launch.train`` turns the composed config into a ``RunConfig`` (``to_run_config``),
 which validates the cross-group rules in ``__post_init__``; code below the entry point receives
 these dataclasses, never a DictConfig. The ``env`` group (the env's keyword arguments) is checked
-against the env's factory. ``python -m launch.config_reference`` writes docs/config-reference.md.
+against the env's factory. ``python -m launch.config.reference`` writes docs/config-reference.md.
 """
 
 from dataclasses import dataclass, field, is_dataclass
@@ -25,7 +25,7 @@ class ModelConfig:
     """What to train: a Hugging Face path or hub id, or the tiny model built here."""
 
     path: Optional[str] = None
-    """Hugging Face directory or hub id of the policy; null: build the tiny model (launch/tiny_model.py)
+    """Hugging Face directory or hub id of the policy; null: build the tiny model (launch/model/tiny_model.py)
     under <run dir>/tiny-model."""
     build_seed: int = 0
     """Seed of the tiny model's random weights."""
@@ -274,7 +274,7 @@ class TrainConfig:
 
 @dataclass
 class WarmStartConfig:
-    """Supervised fine-tuning on solver demonstrations before RL (launch/warm_start.py)."""
+    """Supervised fine-tuning on solver demonstrations before RL (launch/model/warm_start.py)."""
 
     enabled: bool = True
     """Run it (skipped on resume and when <run dir>/warm-start exists)."""
@@ -313,7 +313,7 @@ class RayConfig:
     num_cpus: Optional[float] = None
     """CPUs of the local cluster; null: all."""
     bind_cores: bool = True
-    """CPU-only learner ranks and actors get cores of their own (launch/placement.py)."""
+    """CPU-only learner ranks and actors get cores of their own (launch/topology/placement.py)."""
 
 
 @dataclass
@@ -343,7 +343,7 @@ class RunConfig:
     topology: str = "ray"
     """ray: every learner rank and actor a Ray actor, trajectories over ZeroMQ, weights by
     broadcast | local: the same loop in this one process, no Ray, in-process channels and vLLM
-    engine (launch/local.py; one learner rank, one actor; for debugging)."""
+    engine (launch/topology/local_cluster.py; one learner rank, one actor; for debugging)."""
 
     def __post_init__(self) -> None:
         from envs.registry import check_config

@@ -1,14 +1,14 @@
 """Builds a tiny, randomly initialised Hugging Face model directory that needs no network.
 
-`python -m launch.tiny_model --out DIR [--vision] [--seed N]`, or `build_tiny_model(...)` from
+`python -m launch.model.tiny_model --out DIR [--vision] [--seed N]`, or `build_tiny_model(...)` from
 tests and other code. The directory loads from its path with transformers (`AutoTokenizer`,
 `AutoModelForCausalLM` / `AutoModelForImageTextToText`, `AutoProcessor`) and with `vllm.LLM`.
 
 - text: `Qwen2ForCausalLM`; vision: `Qwen2VLForConditionalGeneration` with a tiny vision tower
-  and the `Qwen2VLProcessor` files (`launch.tiny_processor`). Building needs no torchvision;
+  and the `Qwen2VLProcessor` files (`launch.model.tiny_processor`). Building needs no torchvision;
   loading the processor (transformers or vLLM) needs an importable one: on CPU machines the
-  install step runs `launch.patch_torchvision`;
-- tokenizer from `launch.tiny_tokenizer` (byte-level BPE, ChatML template, `<|im_end|>` = EOS);
+  install step runs `launch.tools.patch_torchvision`;
+- tokenizer from `launch.model.tiny_tokenizer` (byte-level BPE, ChatML template, `<|im_end|>` = EOS);
 - weights in float32 (exact HF/vLLM comparisons), initialised from `seed` without touching the
   caller's torch RNG state;
 - deterministic: the same seed and sizes give byte-identical files; another seed other weights.
@@ -81,7 +81,7 @@ def _text_config(sizes: TinySizes, ids: dict[str, int]):
 def _vl_config(sizes: TinySizes, ids: dict[str, int]):
     from transformers import Qwen2VLConfig
 
-    from launch.tiny_processor import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
+    from launch.model.tiny_processor import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
 
     # M-RoPE splits the head_dim / 2 rotary frequencies over (t, h, w): 128 -> [16, 24, 24] as in Qwen2-VL.
     half = sizes.hidden_size // sizes.num_heads // 2
@@ -121,8 +121,8 @@ def build_tiny_model(out_dir: str | Path, *, vision: bool = False, seed: int = 0
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
-    from launch.tiny_processor import save_processor_files
-    from launch.tiny_tokenizer import save_tokenizer
+    from launch.model.tiny_processor import save_processor_files
+    from launch.model.tiny_tokenizer import save_tokenizer
 
     spec = TinySizes(**sizes)
     out = Path(out_dir)
@@ -158,7 +158,7 @@ def count_parameters(model_dir: str | Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m launch.tiny_model", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m launch.model.tiny_model", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     # The run's model group, same names: --vision is model.vision, --build-seed model.build_seed.
     parser.add_argument("--vision", action="store_true", help="model.vision: a tiny Qwen2-VL instead of Qwen2")

@@ -1,6 +1,6 @@
 """A run's checkpoints on disk, and what resuming a run reads back.
 
-Called by launch/loop.py. Layout: ``<run dir>/checkpoints/step-<N>/`` holds what the learner ranks
+Called by launch/run/loop.py. Layout: ``<run dir>/checkpoints/step-<N>/`` holds what the learner ranks
 write (``learner/trainer.py``: sharded models and optimizers, ``extra.pt``, each rank's RNG
 states). Invariants:
 - atomic: the ranks write into ``step-<N>.tmp/``, which is renamed to ``step-<N>/`` only once

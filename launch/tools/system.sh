@@ -6,7 +6,7 @@
 # - Mesa's EGL and OpenGL (libegl1, libgl1-mesa-dri), on which MiniWorld (the Navigation env)
 #   renders headless on a CPU.
 # - chromium-headless-shell, the headless browser in which a test opens the evaluation's episode
-#   pages (launch/episode_pages.py) and checks that every image shows.
+#   pages (launch/run/pages.py) and checks that every image shows.
 #
 # Idempotent and cheap when done (a dpkg query each). It needs root and apt; where it cannot run
 # it says why and exits 0, so the install goes on and the tests that need these skip with that reason.

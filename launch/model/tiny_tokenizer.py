@@ -1,6 +1,6 @@
 """Tiny byte-level BPE tokenizer trained offline, with a Qwen-style (ChatML) chat template.
 
-Called by `launch.tiny_model` (which saves it next to the weights); nothing here touches the
+Called by `launch.model.tiny_model` (which saves it next to the weights); nothing here touches the
 network. Invariants:
 - byte-level BPE, so every string (any unicode) encodes. The pipeline is exactly the one
   transformers 5 rebuilds for `model_type` qwen2 (it forces `Qwen2Tokenizer`, whose normaliser is

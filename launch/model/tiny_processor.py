@@ -1,6 +1,6 @@
 """Processor files for the tiny Qwen2-VL model, written as plain JSON.
 
-Called by `launch.tiny_model.build_tiny_model(vision=True)` after the tokenizer is saved. The
+Called by `launch.model.tiny_model.build_tiny_model(vision=True)` after the tokenizer is saved. The
 files are the ones `Qwen2VLProcessor.save_pretrained` writes, produced without instantiating the
 torchvision-backed image/video processors. Loading them (`AutoProcessor`, vLLM) needs an
 importable torchvision: transformers 5 has no Qwen2-VL video processor without it, and vLLM's

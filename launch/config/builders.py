@@ -1,0 +1,97 @@
+"""From the run config to each component's arguments: pure mapping, no processes, no files, no
+environment variables.
+
+Called by the topologies (launch/topology/: each component's config), by launch/model/ (the
+warm start's arguments) and by the benchmarks. Each builder takes the ``RunConfig``
+(launch/config/schema.py) and returns what one component takes: the env's keyword arguments,
+the trainer's and a learner rank's configs, an actor's ``ActorConfig`` keys, the warm start's
+keyword arguments.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from envs.registry import images_per_observation
+from launch.config.schema import RunConfig
+
+
+def env_config(cfg: RunConfig) -> dict[str, Any]:
+    """The env's keyword arguments: the env group, its reasoning reward as the algorithm preset
+    says (``algorithm.reasoning_reward``, on for VAGEN-Full only). Off, the judge still scores
+    the answers' <observation> and <prediction> (``*_score`` metrics, for comparing methods) but
+    adds nothing to the reward: its weights are 0 and its repetition penalty is off."""
+    env = copy.deepcopy(cfg.env)
+    judge = env.get("reasoning_reward")
+    if judge is not None and not cfg.algorithm.reasoning_reward:
+        env["reasoning_reward"] = {**judge, "observation_weight": 0.0, "prediction_weight": 0.0,
+                                   "repetition_penalty": False}
+    return env
+
+
+def trainer_config(cfg: RunConfig, model_path: str) -> dict[str, Any]:
+    """learner.trainer.TrainerConfig keys from the model, algorithm and learner groups."""
+    lr = cfg.learner
+    algo = dataclasses.asdict(cfg.algorithm)
+    del algo["reasoning_reward"]  # an env setting (env_config)
+    return {
+        "model_path": model_path, "critic_path": cfg.model.critic_path,
+        "lr": lr.lr, "critic_lr": lr.critic_lr, "grad_clip": lr.grad_clip, "epochs": lr.epochs,
+        "num_minibatches": lr.num_minibatches, "micro_batch_size": lr.micro_batch_size,
+        "param_dtype": lr.param_dtype, "lr_schedule": lr.lr_schedule,
+        "lr_steps": cfg.train.steps, "lr_floor": lr.lr_floor,
+        "critic_warmup": lr.critic_warmup, "value_norm": lr.value_norm,
+        "temperature": cfg.actors.temperature, "seed": cfg.seed, "vtrace": lr.vtrace, **algo,
+    }
+
+
+def warm_start_config(cfg: RunConfig) -> dict[str, Any]:
+    """launch.model.warm_start.warm_start keyword arguments (all but the model and the output
+    directory) from the env and warm_start groups and the seed."""
+    ws = cfg.warm_start
+    return {
+        "env_name": cfg.env_name, "env_config": env_config(cfg),
+        "n_seeds": ws.seeds, "seed_offset": 0, "action_noise": ws.action_noise,
+        "mistake": ws.mistake, "actions_per_turn": ws.actions_per_turn, "reasoning": ws.reasoning,
+        "steps": ws.steps, "batch_size": ws.batch_size, "lr": ws.lr, "schedule": ws.schedule,
+        "warmup": ws.warmup, "micro_batch_size": ws.micro_batch_size, "seed": cfg.seed,
+        "workers": ws.workers,
+    }
+
+
+def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: str) -> dict[str, Any]:
+    """actors.actor.ActorConfig keys for actor ``index``."""
+    ac = cfg.actors
+    return {
+        "actor_id": index, "run_id": cfg.run_name, "model_path": model_path,
+        "env_name": cfg.env_name, "env_config": env_config(cfg),
+        "env_workers": ac.env_workers, "envs_per_worker": ac.envs_per_worker,
+        "step_timeout_s": ac.step_timeout_s, "reset_timeout_s": ac.reset_timeout_s,
+        "start_timeout_s": ac.start_timeout_s,
+        "env_address": ac.env_address, "env_curve": ac.env_curve, "env_latency_s": ac.env_latency_s,
+        # actors sharing one env service take disjoint slot ranges of it
+        "env_slot_offset": index * ac.env_workers * ac.envs_per_worker if ac.env_address else 0,
+        "concurrency": ac.concurrency, "group_size": ac.group_size,
+        "whole_groups": cfg.algorithm.estimator == "grpo",  # GRPO batches take whole groups
+        "temperature": ac.temperature, "top_p": ac.top_p, "max_tokens": ac.max_tokens,
+        "max_turns": cfg.env["max_turns"], "max_context": ac.max_context,
+        "images_per_turn": images_per_observation(cfg.env_name),
+        "kv_cache_bytes": ac.kv_cache_bytes, "seed": cfg.seed * 1000 + index,
+        "learner_address": stream_address, "dtype": cfg.model.dtype,
+        "tensor_parallel": ac.tp,
+    }
+
+
+def worker_config(cfg: RunConfig, model_path: str):
+    """A learner rank's ``WorkerConfig`` (the placement adds its cores and log file)."""
+    from learner.config import TrainerConfig, WorkerConfig
+
+    return WorkerConfig(
+        trainer=TrainerConfig.from_dict(trainer_config(cfg, model_path)),
+        threads=cfg.learner.threads, dist_timeout_s=cfg.learner.dist_timeout_s,
+        max_staleness=cfg.learner.max_staleness, on_stale=cfg.learner.on_stale,
+        group_size=cfg.actors.group_size, partial_groups=cfg.learner.partial_groups,
+        window_bytes=cfg.transport.window_bytes, weight_timeout_s=cfg.transport.weight_timeout_s,
+        weight_bucket_bytes=int(cfg.transport.weight_bucket_mb * (1 << 20)))

@@ -1,0 +1,70 @@
+"""The policy a run starts from: the given path or the tiny model built for it, checked against
+the env (pictures need a vision-language model), then warm-started where the env can make
+demonstrations.
+
+Called by the training loop (launch/run/loop.py) before the processes start; the warm start
+itself runs where the topology puts it (``Cluster.warm_start``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from launch.config.builders import env_config
+from launch.config.schema import RunConfig
+from launch.model.tiny_model import build_tiny_model
+
+
+def prepare_model(cfg: RunConfig, run_dir: Path,
+                  run_warm_start: Callable[[str, Path], str] | None = None) -> str:
+    """The policy's starting point: the given path, or the tiny model built; then warm-started
+    by ``run_warm_start(model path, out dir)`` unless disabled or already in <run dir>/warm-start."""
+    path = cfg.model.path
+    if path is None:
+        base = run_dir / "tiny-model"
+        if not (base / "config.json").exists():
+            build_tiny_model(base, seed=cfg.model.build_seed, vision=cfg.model.vision)
+        path = str(base)
+    _check_sees_images(cfg, str(path))
+    if not cfg.warm_start.enabled:
+        return str(path)
+    if not _has_solver(cfg):
+        print(f"warm start off: the {cfg.env_name} env has no solver to make demonstrations with "
+              "(warm_start.enabled=false says so quietly)", flush=True)
+        return str(path)
+    out = run_dir / "warm-start"
+    if (out / "config.json").exists():
+        return str(out)
+    if run_warm_start is None:
+        raise ValueError("warm_start.enabled needs a way to run it (the cluster's warm_start)")
+    return run_warm_start(str(path), out)
+
+
+def _has_solver(cfg: RunConfig) -> bool:
+    """Whether the run's env can solve its episodes (``has_solver``, envs/grid_env.py)."""
+    from envs.registry import make_env
+
+    env = make_env((cfg.env_name, env_config(cfg)))
+    try:
+        return bool(getattr(env, "has_solver", False))
+    finally:
+        env.close()
+
+
+def _check_sees_images(cfg: RunConfig, path: str) -> None:
+    """Before any process starts: an env that renders images needs a vision-language model.
+    A path this process cannot read (a hub id on a cluster's nodes) is left to the actors."""
+    if cfg.env.get("render", "text") == "text":  # an env's own setting (absent: no images)
+        return
+    from transformers import AutoConfig
+
+    from learner.vision import is_vision_config
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return
+    if not is_vision_config(config):
+        raise ValueError(f"env.render={cfg.env.get('render')} needs a vision-language model; "
+                         f"{path} is a text model (model.vision=true builds a tiny one)")

@@ -1,0 +1,48 @@
+"""What both topologies make of their processes' answers: the actors' evaluations as one, each
+actor's share of the evaluation seeds, a weight push's timings.
+
+Called by launch/topology/ray_cluster.py and launch/topology/local_cluster.py. Pure functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def weighted_means(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The actors' evaluations (each with its episode count ``n``) as one: means weighted by
+    episodes; an actor that finished no episode has no scores; values that are not numbers (the
+    recorded ``episodes``) are left out."""
+    total = sum(p["n"] for p in parts)
+    counted = [p for p in parts if p["n"]] or parts
+    keys = sorted({k for p in counted for k, v in p.items() if k != "n" and isinstance(v, (int, float))})
+    out = {k: sum(p.get(k, 0.0) * p["n"] for p in parts) / max(total, 1) for k in keys}
+    out["n"] = float(total)
+    return out
+
+
+def eval_shares(seeds: list[int], actors: int, pages: int) -> list[tuple[list[int], int]]:
+    """Per actor: its share of ``seeds`` (round robin) and how many of the share's first episodes
+    it records, so that the recorded episodes are those of the first ``pages`` seeds."""
+    return [(seeds[i::actors], len(range(i, min(pages, len(seeds)), actors))) for i in range(actors)]
+
+
+def combine_evaluations(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The actors' ``evaluate`` results as one: ``weighted_means``, and the recorded episodes
+    of all (plain data, not metrics) under ``episodes``, ordered by seed, where there are any."""
+    out: dict[str, Any] = weighted_means(parts)
+    episodes = sorted((e for p in parts for e in p.get("episodes", ())), key=lambda e: e["seed"])
+    if episodes:
+        out["episodes"] = episodes
+    return out
+
+
+def push_timings(published: dict[str, float], updates: list[dict[str, float]],
+                 elapsed: Callable[[], float]) -> dict[str, float]:
+    """A push's metrics: the learner's, the push's wall time, the slowest actor's phases."""
+    out = {**published, "weights/push_s": elapsed()}
+    for key in ("pause_s", "receive_s", "total_s"):
+        vals = [u.get(key, 0.0) for u in updates]
+        if vals:
+            out[f"weights/actor_{key}"] = max(vals)
+    return out
