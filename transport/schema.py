@@ -332,10 +332,3 @@ def _array(name: str, value: Any, dtype, max_len: int) -> np.ndarray:
     if value.ndim != 1 or value.shape[0] > max_len:
         raise SchemaError(f"{name} must be 1-D with at most {max_len} entries, got shape {value.shape}")
     return value
-
-
-def _image_fields(d: Any) -> dict[str, Any]:
-    if not (isinstance(d, dict) and set(d) == {"png", "height", "width"}
-            and isinstance(d["png"], bytes) and isinstance(d["height"], int) and isinstance(d["width"], int)):
-        raise SchemaError("an image must be {png: bytes, height: int, width: int}")
-    return d
