@@ -36,8 +36,8 @@ from typing import Iterable
 
 import torch
 
+from transport.receiving import Rejected, count_rejected, decode_trajectory
 from transport.schema import Trajectory
-from transport.stream import Rejected, count_rejected, decode_trajectory
 from transport.weights import WeightSyncError
 
 

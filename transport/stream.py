@@ -19,7 +19,8 @@ or its CURVE handshake, is up is dropped, not queued); it takes the first WINDOW
 answers to its repeats, so repeating never widens the window. No send blocks past its timeout,
 even with no learner connected. Payloads are a transport/schema.py Trajectory as typed msgpack
 (no pickle: a received message can never execute code), decoded and checked in compiled code
-(msgspec). Anything else is counted by kind, logged once per kind, dropped.
+(msgspec). Anything else is counted by kind, logged once per kind, dropped
+(transport/receiving.py, as in the in-process channel).
 Binds loopback by default; CurveZMQ (transport/security.py: the learner holds the server keys,
 each actor the client keys) keeps strangers from connecting or injecting trajectories on a
 multi-host network, and ``refused`` counts the handshakes it failed.
@@ -34,8 +35,8 @@ from collections import Counter
 import zmq
 
 from transport import wire
-from transport.codec import CodecError
-from transport.schema import SchemaError, Trajectory
+from transport.receiving import Rejected, count_rejected, decode_trajectory
+from transport.schema import Trajectory
 from transport.security import ClientKeys, CurveServer, ServerKeys, curve_client
 
 log = logging.getLogger(__name__)
@@ -43,35 +44,6 @@ log = logging.getLogger(__name__)
 HELLO, TRAJ, WINDOW, CREDIT = b"HELLO", b"TRAJ", b"WINDOW", b"CREDIT"
 HELLO_INTERVAL_S = 1.0
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5557"
-
-
-class Rejected(Exception):
-    """A payload that is not a valid trajectory: ``kind`` (too_large | codec | schema) counts it."""
-
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(detail)
-        self.kind, self.detail = kind, detail
-
-
-def decode_trajectory(payload: bytes | memoryview | zmq.Frame, actor: str,
-                      max_bytes: int) -> Trajectory:
-    """A received payload as a validated Trajectory (every receiver's one path), or ``Rejected``."""
-    if len(payload) > max_bytes:
-        raise Rejected("too_large", f"{len(payload)} bytes from {actor!r}")
-    try:
-        return Trajectory.from_bytes(payload)
-    except CodecError as e:
-        raise Rejected("codec", str(e)) from None
-    except SchemaError as e:
-        raise Rejected("schema", str(e)) from None
-
-
-def count_rejected(rejected: Counter, kind: str, actor: str, detail: str) -> None:
-    """Count a dropped message by kind and by ``kind/actor``; log the first of each kind."""
-    if not rejected[kind]:
-        log.warning("dropping malformed %s message (logged once per kind): %s", kind, detail)
-    rejected[kind] += 1
-    rejected[f"{kind}/{actor}"] += 1
 
 
 class TrajectorySender:
