@@ -1,7 +1,7 @@
 """The trajectory stream: many actors -> one learner over ZeroMQ, bounded in bytes, safe on bad input.
 
 Producers: actors (``TrajectorySender``, one per actor). Consumer: the learner
-(``TrajectoryReceiver`` feeding a ``TrajectoryBuffer``, see transport/buffer.py).
+(``TrajectoryReceiver`` feeding a ``TrajectoryBuffer``, see learner/buffer.py).
 
 Why ROUTER/DEALER with credits and not PUSH/PULL: ZeroMQ's high-water marks count messages,
 not bytes, and a 16k-token trajectory with images is a thousand times a short one. So the learner
