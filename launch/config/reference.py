@@ -29,7 +29,9 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        tree = ast.parse(Path(inspect.getsourcefile(klass)).read_text(encoding="utf-8"))
+        source = inspect.getsourcefile(klass)
+        assert source is not None, klass  # a dataclass of ours: defined in a file
+        tree = ast.parse(Path(source).read_text(encoding="utf-8"))
         node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == klass.__name__)
         body = node.body
         for stmt, after in zip(body, body[1:] + [None]):
@@ -62,8 +64,8 @@ def _default(f: dataclasses.Field) -> str:
         if isinstance(f.default, bool):
             return str(f.default).lower()
         return "null" if f.default is None else repr(f.default).replace("'", "")
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        value = f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
         return "{}" if value == {} else "(group)"
     return "(required)"
 

@@ -91,8 +91,20 @@ class InProcessEnvs:
         self.envs = envs
         self.scores: dict[str, list[float]] = {}
 
+    async def ping(self) -> dict[str, int]:
+        return {"num_slots": len(self.envs)}
+
+    async def stats(self) -> dict[str, int]:
+        return {}
+
     async def system_prompt(self, slot):
         return self.envs[slot].system_prompt()
+
+    async def state_text(self, slot):
+        return self.envs[slot].state_text()
+
+    async def close(self) -> None:
+        """Nothing of its own to release: the envs are the caller's."""
 
     async def reset(self, slots, seeds):
         return [to_observation(self.envs[s].reset(seed=seed)[0]) for s, seed in zip(slots, seeds)]
@@ -121,7 +133,7 @@ class Batcher:
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
         self.pending: list = []
 
-    async def generate(self, ids: list[int], images: list = ()):
+    async def generate(self, ids: list[int], images: Sequence = ()):
         future = asyncio.get_running_loop().create_future()
         self.pending.append((ids, list(images), future))
         self._flush()

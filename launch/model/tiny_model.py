@@ -1,7 +1,7 @@
 """Builds a tiny, randomly initialised Hugging Face model directory that needs no network.
 
-`python -m launch.model.tiny_model --out DIR [--vision] [--seed N]`, or `build_tiny_model(...)` from
-tests and other code. The directory loads from its path with transformers (`AutoTokenizer`,
+`python -m launch.model.tiny_model --out DIR [--vision] [--build-seed N]`, or `build_tiny_model(...)`
+from tests and other code. The directory loads from its path with transformers (`AutoTokenizer`,
 `AutoModelForCausalLM` / `AutoModelForImageTextToText`, `AutoProcessor`) and with `vllm.LLM`.
 
 - text: `Qwen2ForCausalLM`; vision: `Qwen2VLForConditionalGeneration` with a tiny vision tower

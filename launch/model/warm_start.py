@@ -5,7 +5,8 @@ sampling, so RL would never see a reward. The warm start teaches the format, and
 task, from demonstrations (actors/demonstrations.py) whose actions are partly random, and stops
 early: the model should answer in the format most of the time yet still leave RL room to improve.
 
-Called by launch/topology/ray_cluster.py (``RayCluster.warm_start``, inside a Ray task) and from the command line.
+Called by the topologies' ``warm_start`` (launch/topology/ray_cluster.py: inside a Ray task;
+launch/topology/local_cluster.py: in the driver) and from the command line.
 ``warm_start`` writes into ``out_dir`` the fine-tuned model (``save_pretrained``), the tokenizer
 files (a vision-language model's processor files too) and ``warm_start.jsonl``: one JSON line
 for the demonstrations, then the metrics of every logged SFT step (and of each evaluation, when

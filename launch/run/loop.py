@@ -46,7 +46,6 @@ from launch.run.metrics import RunLogger
 from launch.run.pages import write_eval_page
 from launch.run.supervisor import Supervisor
 from launch.topology.factory import make_cluster
-from launch.topology.protocol import Learners
 
 WAIT_SLICE_S = 5.0
 """The learner waits for a batch this long per call; the supervisor checks the actors between."""
@@ -58,7 +57,7 @@ class Stop:
 
     def __init__(self) -> None:
         self.requested = False
-        self._old = {}
+        self._old: dict[int, Any] = {}
 
     def __enter__(self) -> "Stop":
         for sig in (signal.SIGTERM, signal.SIGINT):

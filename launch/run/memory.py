@@ -4,9 +4,10 @@ process and in total; CPU: seconds per process kind, to tell where the cores' ti
 Proportional set size (PSS: shared pages split between the processes that map them), so the
 total counts vLLM's and torch's shared libraries and Ray's shared-memory object store once.
 
-Called by the training loop for local clusters: it watches the driver and every process in its
-Ray session (raylet, GCS, Ray workers and their children: vLLM engine cores and workers, env
-workers). Reports peaks per process kind and the peak of the total, for the memory budget, and
+Called by the training loop when every process of the run descends from the driver (a Ray
+cluster the run started, or ``topology=local``): it watches the driver and its descendants, and
+with Ray every process in the driver's Ray session (raylet, GCS, Ray workers and their children:
+vLLM engine cores and workers, env workers). Reports peaks per process kind and the peak of the total, for the memory budget, and
 each sample's total per kind, for finding what grows in a long run. CPU seconds (user + system)
 are cumulative per kind since each process started; a process that has exited keeps its last
 sampled reading.
@@ -62,7 +63,7 @@ class MemoryMonitor:
     def sample(self) -> int:
         """The total PSS now, in bytes; also sets ``current`` (bytes now, summed per kind) and
         the CPU times."""
-        total, current = 0, defaultdict(int)
+        total, current = 0, defaultdict[str, int](int)
         with self._lock:
             for p in self._processes():
                 try:

@@ -40,7 +40,8 @@ class RunLogger:
             import wandb
 
             self._wandb = wandb.init(project=project, name=name or None, dir=str(self.run_dir),
-                                     mode=wandb_mode, config=config, reinit="finish_previous")
+                                     mode=wandb_mode,  # type: ignore[arg-type]  # checked by LoggerConfig
+                                     config=config, reinit="finish_previous")
 
     def log(self, kind: str, step: int, metrics: dict[str, float]) -> dict[str, Any]:
         """Record ``metrics`` (flat numbers; lists and dicts, such as an evaluation's recorded

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,7 @@ class Supervisor:
                 self._replace(failed, version)
             todo = {i: todo[i] for i in failed}
 
-    def _replace(self, failed: dict[int, BaseException], version: int) -> dict[str, float]:
+    def _replace(self, failed: Mapping[int, BaseException], version: int) -> dict[str, float]:
         """Restart the ``failed`` actors, re-form the weight group and push ``version`` to all;
         in async mode give the new actors a fresh budget and start their runs."""
         t0 = time.perf_counter()

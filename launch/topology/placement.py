@@ -117,7 +117,7 @@ def place(nodes: list[Node], roles: Roles, *, base_port: int = 29500,
         learner_address=head.address,
         ports={"fsdp": base_port, "weights": base_port + 1, "trajectories": base_port + 2},
         weight_world_size=next_rank,
-        free={name: (cpus, gpus) for name, (cpus, gpus) in free.items()},
+        free={name: (cpus, int(gpus)) for name, (cpus, gpus) in free.items()},
     )
 
 

@@ -16,6 +16,7 @@ backends to the Protocol and the loop to its half; the type checker holds every 
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,7 +26,7 @@ class PushError(RuntimeError):
     failed actors are ``dead`` (their process is gone: replace them, not just re-join them)."""
 
     def __init__(self, version: int, errors: dict[int, Exception], learner_errors: list[Exception],
-                 dead: set[int] = frozenset()):
+                 dead: AbstractSet[int] = frozenset()):
         super().__init__(f"push of version {version} failed: actors {sorted(errors)}, "
                          f"learner {[str(e) for e in learner_errors]}")
         self.errors, self.learner_errors = errors, learner_errors
