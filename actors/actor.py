@@ -6,6 +6,8 @@ runs it on an event loop thread of the learner's process): ``start``,
 ``join_weight_group``, ``run`` in the background (or ``run(num_episodes=n)`` per step in sync
 mode), ``update_weights`` whenever the learner publishes, ``evaluate``, ``stats``, ``close``. No
 Ray here: every method is a plain coroutine, so tests drive the class with ``asyncio`` directly.
+The weight group and the updates are actors/weight_updates.py's ``WeightUpdates``, which the actor
+builds when it starts and hands ``join_weight_group`` and ``update_weights`` to.
 
 Invariants:
 - Token in, token out: episodes are actors/episode.py's ``run_episode``; the engine gets the
@@ -18,10 +20,12 @@ Invariants:
 - An env failure (crashed or hung worker, env exception, service timeout) loses one episode and
   is counted by reason; it never stops the actor. Engine errors do propagate out of ``run``.
 - GRPO groups (actors/groups.py): ``group_size`` consecutive episodes share a seed and a
-  ``group_id`` unique across actors and restarts; seeds come from a stream fixed by (``seed``,
-  ``actor_id``, ``incarnation``) within ``train_seeds`` (keep it clear of the evaluation seeds).
+  ``group_id`` that is unique across actors and restarts (``actor_id * GROUP_STRIDE +
+  incarnation * INCARNATION_STRIDE + k``). Seeds come from a stream fixed by (``seed``,
+  ``actor_id``, ``incarnation``), within ``train_seeds`` (keep it clear of the evaluation seeds).
   With ``whole_groups`` a group's finished trajectories are held until its last member has ended
-  (sent or failed), then sent together, each stamped with how many were sent.
+  (sent or failed), then sent together, each stamped with how many were sent (a group that lost
+  a member says so).
 - Each episode holds one env slot (training and evaluation episodes share them). Backpressure:
   a trajectory is sent from one sender thread and its episode counts against ``concurrency``
   until the learner has granted the credit to send it.
@@ -46,7 +50,7 @@ from actors.engine import build_engine, cpu_thread_binding, sampling_params
 from actors.groups import GroupHolder, GroupStream
 from actors.episode import EpisodeResult, Generate, Generation, run_episode
 from actors.vision import VisionTokens, vllm_prompt
-from actors.weight_updates import WeightUpdateError, WeightUpdates  # noqa: F401 - re-exported
+from actors.weight_updates import WeightUpdates
 from envs.pool import EnvPool
 from envs.registry import resolve_config
 from envs.service import EnvServiceError, LatencyEnvClient, LocalEnvClient, RemoteEnvClient
@@ -68,8 +72,7 @@ TIMES = ("engine_start_s", "generate_s", "env_s", "weights_s", "idle_s")
 (they overlap), weights_s in ``update_weights``, idle_s with no request in the engine."""
 
 
-
-class InferenceActor(WeightUpdates):
+class InferenceActor:
     """Plays episodes with a vLLM engine and streams their trajectories to the learner."""
 
     def __init__(self, config: ActorConfig | Mapping[str, Any], *, engine=None, env=None,
@@ -80,7 +83,7 @@ class InferenceActor(WeightUpdates):
         self.cfg = config if isinstance(config, ActorConfig) else ActorConfig.from_dict(config)
         self.engine, self.env, self.tokenizer = engine, env, tokenizer
         self.vision: VisionTokens | None = None  # set with the engine: a VLM's image tokens
-        self.version = self.cfg.initial_version
+        self._weights: WeightUpdates | None = None  # set with the engine, by start
         self._pool: EnvPool | None = None
         self._sender: TrajectorySink | None = None
         self._send_thread = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{self.cfg.actor_id}-send")
@@ -89,7 +92,6 @@ class InferenceActor(WeightUpdates):
         self._budget: int | None = None
         """Most training episodes that may be live or sent (started - failed); None: no limit."""
         self._budget_changed: asyncio.Event | None = None
-        self._update_lock: asyncio.Lock | None = None
         self._driver: asyncio.Task | None = None
         self._started = self._stopping = self._closed = False
         c = self.cfg
@@ -125,13 +127,15 @@ class InferenceActor(WeightUpdates):
             self._slots.put_nowait(slot)
         self._room = asyncio.Semaphore(cfg.concurrency)
         self._budget_changed = asyncio.Event()
-        self._update_lock = asyncio.Lock()
         pool = None
         if self.env is None and not cfg.env_address:  # the pool starts in a thread meanwhile
             pool = asyncio.get_running_loop().run_in_executor(None, self._build_pool)
         try:
             if self.engine is None:
                 self._start_engine()
+            self._weights = WeightUpdates(
+                self.engine, actor_id=cfg.actor_id, version=cfg.initial_version,
+                vision=self.vision is not None, counts=self.counts, times=self.times)
             await self.engine.update_weight_version(str(self.version))
             if pool is not None:
                 self._pool = await pool
@@ -325,6 +329,32 @@ class InferenceActor(WeightUpdates):
         self._requests += delta
         if self._requests == 0:
             self._idle_since = now
+
+    # --- weights ------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The policy version the engine serves (``actors.initial_version`` until an update)."""
+        return self.cfg.initial_version if self._weights is None else self._weights.version
+
+    async def join_weight_group(self, address: str, rank: int, world_size: int,
+                                timeout_s: float = 60.0) -> None:
+        """Connect the engine's worker to the learner's weight channel at ``address`` (again
+        after a failure): see actors/vllm_extension.py."""
+        self._require_started()
+        await self._weights.join_group(address, rank, world_size, timeout_s)
+
+    async def update_weights(self, version: int) -> dict[str, float]:
+        """Receive the learner's publish of ``version`` in flight; returns timings in seconds.
+
+        Requests in flight are kept: they pause, and continue on the new weights with their KV
+        recomputed. The learner publishes concurrently (the receive blocks until it does, at most
+        the group's timeout). Raises ``WeightUpdateError`` on failure: generation resumes on the
+        old weights if none of the new ones was loaded; if some were (the weights arrive and
+        load bucket by bucket), it stays paused (``weights_torn`` counts it) until the next
+        complete update. Either way: re-form the group, ``join_weight_group`` and update again.
+        """
+        self._require_started()
+        return await self._weights.update(version)
 
     # --- evaluation and statistics ------------------------------------------------------------
     async def evaluate(self, seeds: list[int], temperature: float = 0.0,

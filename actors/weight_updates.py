@@ -1,15 +1,19 @@
 """The inference actor's weight updates: its vLLM workers join the learner's weight group and
 receive each publish in flight (actors/vllm_extension.py does the receiving inside the workers).
 
-A mixin of actors/actor.py's ``InferenceActor``, which owns the state it uses: ``engine``,
-``cfg``, ``vision``, ``version``, ``counts``, ``times``, ``_update_lock`` and
-``_require_started``.
+Held by actors/actor.py's ``InferenceActor``, which builds one when it starts (once its engine
+exists) and delegates its ``join_weight_group`` and ``update_weights`` to it. ``WeightUpdates``
+owns the version the engine serves and the lock that lets one update run at a time; it adds to
+the actor's counters (``weight_updates``, ``weight_update_failures``, ``weights_torn``,
+``weights_s``), which the actor reports in its stats.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections import Counter
 
 log = logging.getLogger(__name__)
 
@@ -19,16 +23,26 @@ class WeightUpdateError(RuntimeError):
 
 
 class WeightUpdates:
-    """``join_weight_group`` and ``update_weights`` of ``InferenceActor``."""
+    """One engine's weight group membership and weight updates, and the version it serves."""
 
-    async def join_weight_group(self, address: str, rank: int, world_size: int,
-                                timeout_s: float = 60.0) -> None:
+    def __init__(self, engine, *, actor_id: int, version: int, vision: bool,
+                 counts: Counter[str], times: Counter[str]) -> None:
+        """``engine``: the actor's AsyncLLM (or its in-process stand-in), serving ``version``.
+        ``vision``: the model is a VLM, whose answers in flight finish before an update and
+        whose encoder cache is reset after one. ``counts`` and ``times``: the actor's counters,
+        shared, not copied. ``actor_id`` labels errors and warnings."""
+        self.engine, self.actor_id, self.vision = engine, actor_id, vision
+        self.version = version
+        """The version the engine serves: the last one it received in full."""
+        self.counts, self.times = counts, times
+        self._lock = asyncio.Lock()
+
+    async def join_group(self, address: str, rank: int, world_size: int, timeout_s: float) -> None:
         """Connect the engine's worker to the learner's weight channel at ``address`` (again
         after a failure): see actors/vllm_extension.py."""
-        self._require_started()
         await self.engine.collective_rpc("join_weight_group", args=(address, rank, world_size, timeout_s))
 
-    async def update_weights(self, version: int) -> dict[str, float]:
+    async def update(self, version: int) -> dict[str, float]:
         """Receive the learner's publish of ``version`` in flight; returns timings in seconds.
 
         Requests in flight are kept: they pause, and continue on the new weights with their KV
@@ -36,13 +50,12 @@ class WeightUpdates:
         the group's timeout). Raises ``WeightUpdateError`` on failure: generation resumes on the
         old weights if none of the new ones was loaded; if some were (the weights arrive and
         load bucket by bucket), it stays paused (``weights_torn`` counts it) until the next
-        complete update. Either way: re-form the group, ``join_weight_group`` and update again.
+        complete update. Either way: re-form the group, ``join_group`` and update again.
         """
-        self._require_started()
-        async with self._update_lock:
+        async with self._lock:
             t0 = time.perf_counter()
             # A VLM's answers in flight finish first: none is preempted (actors/vision.py says why).
-            await self.engine.pause_generation(mode="keep" if self.vision is None else "wait")
+            await self.engine.pause_generation(mode="wait" if self.vision else "keep")
             t1 = time.perf_counter()
             try:
                 received = await self.engine.collective_rpc("receive_weights")
@@ -51,19 +64,19 @@ class WeightUpdates:
                 self.times["weights_s"] += time.perf_counter() - t0
                 if await self._weights_intact():
                     await self.engine.resume_generation()
-                    raise WeightUpdateError(f"actor {self.cfg.actor_id}: receiving version "
+                    raise WeightUpdateError(f"actor {self.actor_id}: receiving version "
                                             f"{version} failed, still serving version "
                                             f"{self.version}: {e}") from e
                 self.counts["weights_torn"] += 1  # part of the new weights is loaded: stay paused
-                raise WeightUpdateError(f"actor {self.cfg.actor_id}: receiving version {version} "
+                raise WeightUpdateError(f"actor {self.actor_id}: receiving version {version} "
                                         f"failed half-way; generation stays paused until a "
                                         f"complete update: {e}") from e
             t2 = time.perf_counter()
             got = int(received[0])
             if got != version:  # label the truth: the tokens are sampled with what arrived
-                log.warning("actor %d asked for version %d, received %d", self.cfg.actor_id, version, got)
+                log.warning("actor %d asked for version %d, received %d", self.actor_id, version, got)
             await self.engine.reset_prefix_cache(reset_running_requests=True)
-            if self.vision is not None:  # the old vision tower's image embeddings
+            if self.vision:  # the old vision tower's image embeddings
                 await self.engine.reset_encoder_cache()
             await self.engine.update_weight_version(str(got))
             self.version = got

@@ -18,8 +18,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from actors.actor import InferenceActor, WeightUpdateError
+from actors.actor import InferenceActor
 from actors.groups import GROUP_STRIDE
+from actors.weight_updates import WeightUpdateError
 from launch.model.tiny_model import build_tiny_model
 from tests.collector import Collector
 from transport.weights import WeightPublisher

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from actors import actor as actor_mod
-from actors.actor import InferenceActor, WeightUpdateError
+from actors.actor import InferenceActor
 from actors.groups import GROUP_STRIDE, INCARNATION_STRIDE
 from actors.config import ActorConfig
+from actors.weight_updates import WeightUpdateError
 from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
 from launch.model.tiny_tokenizer import build_tokenizer
@@ -284,8 +285,8 @@ def test_a_vlm_update_waits_for_answers_in_flight(tokenizer):
     in flight finish ("wait"), then both the prefix and the encoder caches are reset."""
     async def scenario():
         actor = _actor(tokenizer)
+        actor.vision = object()  # what start (_start_engine) sets for a model with an image processor
         await actor.start()
-        actor.vision = object()  # what _start_engine sets for a model with an image processor
         await actor.update_weights(1)
         calls = list(actor.engine.calls)
         await actor.close()
