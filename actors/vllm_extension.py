@@ -9,8 +9,8 @@ group's address and the version do).
 
 Invariants: one subscriber per worker, ranks given by the actor (1..world_size-1; the learner's
 rank 0 is the source); every wait is bounded by the group's timeout, never by a timeout on
-``collective_rpc`` (see ../shared/PLATFORM.md: that leaves the worker blocked and kills the
-engine later). After ``receive_weights`` the caller resets the prefix cache (and the encoder
+``collective_rpc`` (that leaves the worker blocked in the receive and kills the engine
+later). After ``receive_weights`` the caller resets the prefix cache (and the encoder
 cache for VLMs, actors/vision.py): KV computed with the old weights must not be reused.
 """
 

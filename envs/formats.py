@@ -1,6 +1,6 @@
 """Reasoning formats of the agent's answers: the strict parser, the format reward, prompt sections.
 
-Called by every env (envs.frozenlake, envs.sokoban, and later navigation, maniskill, svg): ``parse``
+Called by every env (envs.frozenlake, envs.sokoban, envs.navigation, envs.primitive_skill, envs.svg): ``parse``
 and ``format_reward`` from ``Env.step``, ``format_prompt`` from ``Env.system_prompt``. Stdlib only.
 
 A format is a fixed sequence of tags (the five ``FORMATS``, e.g. ``grounding`` is

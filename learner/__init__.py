@@ -1,2 +1,3 @@
-"""Learner: advantage estimators and losses (pure), and later the FSDP model, train step,
-trajectory buffer and worker process. Imports transport only; never actors or envs."""
+"""Learner: advantage estimators and losses (pure), batches, the trajectory buffer, the FSDP model
+and train step, checkpoints, and one rank's worker process. Imports transport only; never actors
+or envs."""

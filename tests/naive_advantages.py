@@ -1,7 +1,7 @@
 """Straightforward per-token loops for the estimators in learner/advantages.py.
 
 The reference the vectorised code is tested against and the baseline its benchmark is measured
-against. Written to read like the issue's definitions, one Python float at a time.
+against. Written to read like the estimators' definitions, one Python float at a time.
 """
 
 from __future__ import annotations
