@@ -144,8 +144,8 @@ class InferenceActor:
                 keys = None if cfg.env_curve is None else read_client(cfg.env_curve)
                 self.env = RemoteEnvClient(cfg.env_address, curve=keys)
                 await self._check_remote_slots()
-            if cfg.env_latency_s:
-                self.env = LatencyEnvClient(self.env, cfg.env_latency_s)
+            if cfg.env_pool.env_latency_s:
+                self.env = LatencyEnvClient(self.env, cfg.env_pool.env_latency_s)
             if cfg.learner_address:
                 self._sender = trajectory_sink(cfg.learner_address, cfg.actor_id,  # tcp:// or inproc://
                                                curve=cfg.learner_curve)
@@ -168,10 +168,11 @@ class InferenceActor:
         self.engine = build_engine(self.cfg, vision=self.vision is not None)
 
     def _build_pool(self) -> EnvPool:
+        p = self.cfg.env_pool
         return EnvPool((self.cfg.env_name, resolve_config(self.cfg.env_name, self.cfg.env_config)),
-                       num_workers=self.cfg.env_workers, envs_per_worker=self.cfg.envs_per_worker,
-                       step_timeout_s=self.cfg.step_timeout_s, reset_timeout_s=self.cfg.reset_timeout_s,
-                       start_timeout_s=self.cfg.start_timeout_s)
+                       num_workers=p.env_workers, envs_per_worker=p.envs_per_worker,
+                       step_timeout_s=p.step_timeout_s, reset_timeout_s=p.reset_timeout_s,
+                       start_timeout_s=p.start_timeout_s)
 
     async def _check_remote_slots(self) -> None:
         have = (await self.env.ping())["num_slots"]

@@ -1,8 +1,9 @@
 """What an inference actor runs: ``ActorConfig``, built by launch/config/builders.py from the model,
 env and actors config groups, and read by actors/actor.py.
 
-Invariant: a config that constructs is usable: unknown keys, empty pools, more episodes in flight
-than env slots, and sampling that training cannot learn from raise ValueError.
+Invariant: a config that constructs is usable: unknown keys, empty pools (envs/config.py's
+``EnvPoolConfig`` checks its own settings), more episodes in flight than env slots, and sampling
+that training cannot learn from raise ValueError.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from envs.config import EnvPoolConfig
 from transport.security import ClientKeys
 
 
@@ -27,23 +29,14 @@ class ActorConfig:
     """A registry name (configs/env/<name>.yaml supplies defaults) or an importable "module:callable"."""
     env_config: dict[str, Any] = field(default_factory=dict)
     """Overrides on the env's YAML defaults (keyword arguments of its make_env)."""
-    env_workers: int = 1
-    """Env worker processes of the in-process pool."""
-    envs_per_worker: int = 4
-    """Env slots = env_workers * envs_per_worker: the most episodes in flight."""
-    step_timeout_s: float = 30.0
-    """A batch of env steps taking longer ends those episodes (envs/pool.py)."""
-    reset_timeout_s: float = 30.0
-    """The same for a batch of resets."""
-    start_timeout_s: float = 120.0
-    """An env worker that has not built its envs by then failed to start (envs/pool.py)."""
+    env_pool: EnvPoolConfig = field(default_factory=EnvPoolConfig)
+    """The in-process env worker pool (envs/config.py). Its env slots (env_workers x
+    envs_per_worker) are this actor's, also with ``env_address``: the slots it takes on the
+    shared env service, whose own pool then runs them; ``env_latency_s`` applies either way."""
     env_address: str | None = None
     """tcp://host:port of an env service (python -m envs.main) instead of an in-process pool."""
     env_slot_offset: int = 0
     """First slot this actor owns on a shared env service (remote envs only)."""
-    env_latency_s: float = 0.0
-    """Every env reset and step answers this much later, as a remote simulator's would (the
-    wait holds no env worker: envs/service.py's LatencyEnvClient); for benchmarks."""
     concurrency: int = 4
     """Training episodes in flight; at most the number of env slots."""
     group_size: int = 1
@@ -99,21 +92,16 @@ class ActorConfig:
     def __post_init__(self) -> None:
         self.train_seeds = tuple(self.train_seeds)
         self.cores = tuple(self.cores)
-        slots = self.env_workers * self.envs_per_worker
         if not self.model_path:
             raise ValueError("model_path is required")
-        if min(self.env_workers, self.envs_per_worker, self.concurrency, self.group_size,
-               self.max_tokens, self.max_turns) < 1:
-            raise ValueError("env_workers, envs_per_worker, concurrency, group_size, max_tokens "
-                             "and max_turns must be >= 1")
-        if self.concurrency > slots:
-            raise ValueError(f"concurrency {self.concurrency} exceeds the {slots} env slots")
+        if min(self.concurrency, self.group_size, self.max_tokens, self.max_turns) < 1:
+            raise ValueError("concurrency, group_size, max_tokens and max_turns must be >= 1")
+        if self.concurrency > self.num_slots:
+            raise ValueError(f"concurrency {self.concurrency} exceeds the {self.num_slots} env slots")
         if self.temperature <= 0 or not 0 < self.top_p <= 1:
             raise ValueError("training needs temperature > 0 and top_p in (0, 1]")
         if self.engine not in ("async", "in_process"):
             raise ValueError(f"engine must be 'async' or 'in_process', got {self.engine!r}")
-        if self.env_latency_s < 0:
-            raise ValueError(f"env_latency_s must be >= 0, got {self.env_latency_s}")
         if self.env_slot_offset and not self.env_address:
             raise ValueError("env_slot_offset is for a shared env service (env_address)")
         if self.incarnation < 0 or self.skip_groups < 0:
@@ -124,11 +112,21 @@ class ActorConfig:
 
     @property
     def num_slots(self) -> int:
-        return self.env_workers * self.envs_per_worker
+        """The env slots this actor's episodes take (the pool's)."""
+        return self.env_pool.num_slots
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ActorConfig":
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown actor config keys {sorted(unknown)}")
+        """The config of keys ``d``; its ``env_pool`` may be a mapping of EnvPoolConfig's keys."""
+        _check_keys("actor config", d, cls)
+        pool = d.get("env_pool")
+        if isinstance(pool, Mapping):
+            _check_keys("env_pool", pool, EnvPoolConfig)
+            d = {**d, "env_pool": EnvPoolConfig(**pool)}
         return cls(**d)
+
+
+def _check_keys(what: str, d: Mapping[str, Any], cls: type) -> None:
+    unknown = set(d) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ValueError(f"unknown {what} keys {sorted(unknown)}")

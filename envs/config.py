@@ -1,5 +1,6 @@
 """The env worker pool's settings: one dataclass for the run's ``actors`` group (launch/config/schema.py's
-``ActorsConfig`` extends it) and ``python -m envs.main``'s command line, with the same names.
+``ActorsConfig`` extends it), an inference actor's pool (actors/config.py's ``ActorConfig`` holds
+one) and ``python -m envs.main``'s command line, with the same names.
 
 Called by envs/main.py and, through the run config, by the actors (envs/pool.py takes these).
 No ``from __future__ import annotations``: Hydra reads these annotations as types.
@@ -34,3 +35,8 @@ class EnvPoolConfig:
             raise ValueError("step_timeout_s, reset_timeout_s and start_timeout_s must be > 0")
         if self.env_latency_s < 0:
             raise ValueError(f"env_latency_s must be >= 0, got {self.env_latency_s}")
+
+    @property
+    def num_slots(self) -> int:
+        """Env slots: the most episodes the pool plays at once."""
+        return self.env_workers * self.envs_per_worker

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 from typing import Any
 
+from envs.config import EnvPoolConfig
 from envs.registry import images_per_observation
 from launch.config.schema import RunConfig
 
@@ -67,12 +68,10 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
     return {
         "actor_id": index, "run_id": cfg.run_name, "model_path": model_path,
         "env_name": cfg.env_name, "env_config": env_config(cfg),
-        "env_workers": ac.env_workers, "envs_per_worker": ac.envs_per_worker,
-        "step_timeout_s": ac.step_timeout_s, "reset_timeout_s": ac.reset_timeout_s,
-        "start_timeout_s": ac.start_timeout_s,
-        "env_address": ac.env_address, "env_curve": ac.env_curve, "env_latency_s": ac.env_latency_s,
+        "env_pool": env_pool_config(cfg),
+        "env_address": ac.env_address, "env_curve": ac.env_curve,
         # actors sharing one env service take disjoint slot ranges of it
-        "env_slot_offset": index * ac.env_workers * ac.envs_per_worker if ac.env_address else 0,
+        "env_slot_offset": index * ac.num_slots if ac.env_address else 0,
         "concurrency": ac.concurrency, "group_size": ac.group_size,
         "whole_groups": cfg.algorithm.estimator == "grpo",  # GRPO batches take whole groups
         "temperature": ac.temperature, "top_p": ac.top_p, "max_tokens": ac.max_tokens,
@@ -82,6 +81,13 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
         "learner_address": stream_address, "dtype": cfg.model.dtype,
         "tensor_parallel": ac.tp,
     }
+
+
+def env_pool_config(cfg: RunConfig) -> EnvPoolConfig:
+    """Each actor's env worker pool: the actors group's pool keys (the group extends
+    ``EnvPoolConfig``)."""
+    return EnvPoolConfig(**{f.name: getattr(cfg.actors, f.name)
+                            for f in dataclasses.fields(EnvPoolConfig)})
 
 
 def worker_config(cfg: RunConfig, model_path: str):

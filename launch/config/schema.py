@@ -113,16 +113,16 @@ class ActorsConfig(EnvPoolConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if min(self.num, self.concurrency, self.group_size, self.max_tokens, self.tp,
-               self.env_workers, self.envs_per_worker) < 1 or self.run_ahead < 0 or self.max_restarts < 0:
-            raise ValueError("actors: num, tensor_parallel, concurrency, group_size, max_tokens, "
-                             "env_workers, envs_per_worker must be >= 1; run_ahead, max_restarts >= 0")
+        if (min(self.num, self.concurrency, self.group_size, self.max_tokens, self.tp) < 1
+                or self.run_ahead < 0 or self.max_restarts < 0):
+            raise ValueError("actors: num, tensor_parallel, concurrency, group_size, max_tokens "
+                             "must be >= 1; run_ahead, max_restarts >= 0")
         if self.gpus_per_engine and self.tensor_parallel not in (None, self.gpus_per_engine):
             raise ValueError(f"actors.tensor_parallel {self.tensor_parallel} on GPUs must equal "
                              f"actors.gpus_per_engine {self.gpus_per_engine} (or be null)")
-        if self.concurrency > self.env_workers * self.envs_per_worker:
-            raise ValueError(f"actors.concurrency {self.concurrency} exceeds the "
-                             f"{self.env_workers * self.envs_per_worker} env slots")
+        if self.concurrency > self.num_slots:
+            raise ValueError(f"actors.concurrency {self.concurrency} exceeds the {self.num_slots} "
+                             "env slots")
 
     @property
     def tp(self) -> int:

@@ -72,7 +72,7 @@ def actor_rig(model: Path, concurrency: int, max_tokens: int, cores: tuple[int, 
     env = LatencyEnvClient(LocalEnvClient(pool), 0.0)
     actor = InferenceActor({
         "actor_id": 0, "run_id": "bench", "model_path": str(model), "env_name": "frozenlake",
-        "env_config": config, "env_workers": 1, "envs_per_worker": concurrency,
+        "env_config": config, "env_pool": {"env_workers": 1, "envs_per_worker": concurrency},
         "concurrency": concurrency, "group_size": 4, "temperature": 1.0,
         "max_tokens": max_tokens, "max_turns": MAX_TURNS, "max_context": 2048,
         "kv_cache_bytes": 256 << 20, "learner_address": collector.address, "cores": cores,

@@ -66,7 +66,7 @@ def rig(tmp_path_factory, request):
     with started_actor({
         "engine": request.param,
         "actor_id": ACTOR_ID, "run_id": "test", "model_path": str(old), "env_name": "frozenlake",
-        "env_workers": 1, "envs_per_worker": 4, "concurrency": 4, "group_size": 2,
+        "env_pool": {"env_workers": 1, "envs_per_worker": 4}, "concurrency": 4, "group_size": 2,
         "temperature": 1.0, "max_tokens": 48, "max_turns": 3, "max_context": 2048,
         "kv_cache_bytes": 64 << 20, "seed": 7,
     }) as (loop, actor, collector):

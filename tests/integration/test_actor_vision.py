@@ -30,7 +30,7 @@ def rig(tmp_path_factory, request):
         "engine": request.param,
         "actor_id": 1, "run_id": "vl", "model_path": old, "env_name": "frozenlake",
         "env_config": {"render": "image", "image_size": 64, "prompt": "brief"},
-        "env_workers": 1, "envs_per_worker": 4, "concurrency": 4, "group_size": 2,
+        "env_pool": {"env_workers": 1, "envs_per_worker": 4}, "concurrency": 4, "group_size": 2,
         "max_tokens": 24, "max_turns": 3, "max_context": 2048, "kv_cache_bytes": 64 << 20,
         # Two maps only: episodes after the weight update show images the engine has seen (and
         # encoded) before it, which must not reuse the old vision tower's embeddings.

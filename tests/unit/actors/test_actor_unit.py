@@ -13,6 +13,7 @@ from actors.actor import InferenceActor
 from actors.groups import GROUP_STRIDE, INCARNATION_STRIDE
 from actors.config import ActorConfig
 from actors.weight_updates import WeightUpdateError
+from envs.config import EnvPoolConfig
 from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
 from launch.model.tiny_tokenizer import build_tokenizer
@@ -113,7 +114,7 @@ class FakeEnvs:
 
 
 def _actor(tokenizer, engine=None, envs=None, **cfg):
-    cfg = {"model_path": "unused", "actor_id": 2, "envs_per_worker": 4, "concurrency": 3,
+    cfg = {"model_path": "unused", "actor_id": 2, "env_pool": {"envs_per_worker": 4}, "concurrency": 3,
            "max_tokens": 16, **cfg}
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     engine = engine or FakeEngine(tokenizer.encode(ANSWER, add_special_tokens=False) + [eos])
@@ -156,7 +157,9 @@ def test_config_rejects_unknown_keys_and_bad_values():
     with pytest.raises(ValueError, match="unknown actor config keys"):
         ActorConfig.from_dict({"model_path": "m", "temprature": 1.0})
     with pytest.raises(ValueError, match="exceeds"):
-        ActorConfig(model_path="m", concurrency=5, env_workers=1, envs_per_worker=4)
+        ActorConfig(model_path="m", concurrency=5, env_pool=EnvPoolConfig(env_workers=1, envs_per_worker=4))
+    with pytest.raises(ValueError, match="unknown env_pool keys"):
+        ActorConfig.from_dict({"model_path": "m", "env_pool": {"env_worker": 2}})
     with pytest.raises(ValueError, match="env service"):
         ActorConfig(model_path="m", env_slot_offset=4)
     assert ActorConfig.from_dict({"model_path": "m", "train_seeds": [5, 9]}).train_seeds == (5, 9)

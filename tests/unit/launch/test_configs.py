@@ -177,7 +177,7 @@ def test_secondary_command_lines_speak_the_runs_names():
     assert (args.env_workers, args.envs_per_worker, args.step_timeout_s) == (3, 16, 5.0)
     cfg = compose(["actors.step_timeout_s=7", "actors.reset_timeout_s=9"])
     ac = ActorConfig.from_dict(actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1"))
-    assert (ac.step_timeout_s, ac.reset_timeout_s) == (7.0, 9.0)
+    assert (ac.env_pool.step_timeout_s, ac.env_pool.reset_timeout_s) == (7.0, 9.0)
     with pytest.raises(ValueError, match="step_timeout_s"):
         compose(["actors.step_timeout_s=0"])
 
