@@ -4,19 +4,22 @@ environment variables.
 Called by the topologies (launch/topology/: each component's config), by launch/model/ (the
 warm start's arguments) and by the benchmarks. Each builder takes the ``RunConfig``
 (launch/config/schema.py) and returns what one component takes: the env's keyword arguments,
-the trainer's and a learner rank's configs, an actor's ``ActorConfig`` keys, the warm start's
-keyword arguments.
-"""
+the trainer's, a learner rank's, an actor's and its env pool's config dataclasses, the warm
+start's keyword arguments (``warm_start`` is a function)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from actors.config import ActorConfig
 from envs.config import EnvPoolConfig
 from envs.registry import images_per_observation
 from launch.config.schema import RunConfig
+
+if TYPE_CHECKING:  # learner/config.py imports torch: imported where a builder needs it
+    from learner.config import TrainerConfig, WorkerConfig
 
 
 def env_config(cfg: RunConfig) -> dict[str, Any]:
@@ -32,20 +35,24 @@ def env_config(cfg: RunConfig) -> dict[str, Any]:
     return env
 
 
-def trainer_config(cfg: RunConfig, model_path: str) -> dict[str, Any]:
-    """learner.trainer.TrainerConfig keys from the model, algorithm and learner groups."""
-    lr = cfg.learner
+def trainer_config(cfg: RunConfig, model_path: str) -> TrainerConfig:
+    """The trainer's config: every key of the algorithm group but ``reasoning_reward`` (an env
+    setting: ``env_config``), the learner group's keys that TrainerConfig has, under the same
+    names (the others place and pace the ranks: ``worker_config``, the placement), and the
+    model's paths, the train steps the lr schedule spans, the sampling temperature and the seed.
+
+    TrainerConfig declares its fields itself rather than taking these groups' dataclasses: it is
+    the learner's own config, usable without a run (learner/config.py imports torch, which
+    composing a run does not), its defaults are the library's (vtrace off; a run turns it on),
+    and its ``dict | None`` fields are types an OmegaConf schema cannot hold."""
+    from learner.config import TrainerConfig
+
+    takes = {f.name for f in dataclasses.fields(TrainerConfig)}
+    learner = {k: v for k, v in dataclasses.asdict(cfg.learner).items() if k in takes}
     algo = dataclasses.asdict(cfg.algorithm)
     del algo["reasoning_reward"]  # an env setting (env_config)
-    return {
-        "model_path": model_path, "critic_path": cfg.model.critic_path,
-        "lr": lr.lr, "critic_lr": lr.critic_lr, "grad_clip": lr.grad_clip, "epochs": lr.epochs,
-        "num_minibatches": lr.num_minibatches, "micro_batch_size": lr.micro_batch_size,
-        "param_dtype": lr.param_dtype, "lr_schedule": lr.lr_schedule,
-        "lr_steps": cfg.train.steps, "lr_floor": lr.lr_floor,
-        "critic_warmup": lr.critic_warmup, "value_norm": lr.value_norm,
-        "temperature": cfg.actors.temperature, "seed": cfg.seed, "vtrace": lr.vtrace, **algo,
-    }
+    return TrainerConfig(**learner, **algo, model_path=model_path, critic_path=cfg.model.critic_path,
+                         lr_steps=cfg.train.steps, temperature=cfg.actors.temperature, seed=cfg.seed)
 
 
 def warm_start_config(cfg: RunConfig) -> dict[str, Any]:
@@ -62,25 +69,23 @@ def warm_start_config(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
-def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: str) -> dict[str, Any]:
-    """actors.actor.ActorConfig keys for actor ``index``."""
+def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: str) -> ActorConfig:
+    """Actor ``index``'s config; the topology adds what its placement and the run's history say
+    (``dataclasses.replace``: cores, log file, stream keys, incarnation, groups played)."""
     ac = cfg.actors
-    return {
-        "actor_id": index, "run_id": cfg.run_name, "model_path": model_path,
-        "env_name": cfg.env_name, "env_config": env_config(cfg),
-        "env_pool": env_pool_config(cfg),
-        "env_address": ac.env_address, "env_curve": ac.env_curve,
+    return ActorConfig(
+        actor_id=index, run_id=cfg.run_name, model_path=model_path,
+        env_name=cfg.env_name, env_config=env_config(cfg), env_pool=env_pool_config(cfg),
+        env_address=ac.env_address, env_curve=ac.env_curve,
         # actors sharing one env service take disjoint slot ranges of it
-        "env_slot_offset": index * ac.num_slots if ac.env_address else 0,
-        "concurrency": ac.concurrency, "group_size": ac.group_size,
-        "whole_groups": cfg.algorithm.estimator == "grpo",  # GRPO batches take whole groups
-        "temperature": ac.temperature, "top_p": ac.top_p, "max_tokens": ac.max_tokens,
-        "max_turns": cfg.env["max_turns"], "max_context": ac.max_context,
-        "images_per_turn": images_per_observation(cfg.env_name),
-        "kv_cache_bytes": ac.kv_cache_bytes, "seed": cfg.seed * 1000 + index,
-        "learner_address": stream_address, "dtype": cfg.model.dtype,
-        "tensor_parallel": ac.tp,
-    }
+        env_slot_offset=index * ac.num_slots if ac.env_address else 0,
+        concurrency=ac.concurrency, group_size=ac.group_size,
+        whole_groups=cfg.algorithm.estimator == "grpo",  # GRPO batches take whole groups
+        temperature=ac.temperature, top_p=ac.top_p, max_tokens=ac.max_tokens,
+        max_turns=cfg.env["max_turns"], max_context=ac.max_context,
+        images_per_turn=images_per_observation(cfg.env_name),
+        kv_cache_bytes=ac.kv_cache_bytes, seed=cfg.seed * 1000 + index,
+        learner_address=stream_address, dtype=cfg.model.dtype, tensor_parallel=ac.tp)
 
 
 def env_pool_config(cfg: RunConfig) -> EnvPoolConfig:
@@ -90,12 +95,12 @@ def env_pool_config(cfg: RunConfig) -> EnvPoolConfig:
                             for f in dataclasses.fields(EnvPoolConfig)})
 
 
-def worker_config(cfg: RunConfig, model_path: str):
+def worker_config(cfg: RunConfig, model_path: str) -> WorkerConfig:
     """A learner rank's ``WorkerConfig`` (the placement adds its cores and log file)."""
-    from learner.config import TrainerConfig, WorkerConfig
+    from learner.config import WorkerConfig
 
     return WorkerConfig(
-        trainer=TrainerConfig.from_dict(trainer_config(cfg, model_path)),
+        trainer=trainer_config(cfg, model_path),
         threads=cfg.learner.threads, dist_timeout_s=cfg.learner.dist_timeout_s,
         max_staleness=cfg.learner.max_staleness, on_stale=cfg.learner.on_stale,
         group_size=cfg.actors.group_size, partial_groups=cfg.learner.partial_groups,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import os
 import threading
 import time
@@ -104,10 +105,12 @@ class LocalCluster:
         self._weights = (info["weight_address"], 1 + cfg.actors.num)
         self.incarnations = [0] * cfg.actors.num
         for i in range(cfg.actors.num):
-            config = {**actor_config(cfg, i, model_path, info["stream_address"]), "engine": "in_process"}
+            config = dataclasses.replace(actor_config(cfg, i, model_path, info["stream_address"]),
+                                         engine="in_process")
             if streams and i < len(streams):
                 self.incarnations[i] = streams[i]["incarnation"]
-                config.update(incarnation=streams[i]["incarnation"], skip_groups=streams[i]["groups_drawn"])
+                config = dataclasses.replace(config, incarnation=streams[i]["incarnation"],
+                                             skip_groups=streams[i]["groups_drawn"])
             self.actors.append(InferenceActor(config))
             self._loop.call(self.actors[-1].start())
         self._join_weight_group()

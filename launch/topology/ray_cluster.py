@@ -32,6 +32,7 @@ import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actors.config import ActorConfig
 from actors.engine import cpu_thread_binding
 from launch.config.builders import actor_config, warm_start_config, worker_config
 from launch.config.schema import RunConfig
@@ -65,7 +66,7 @@ class RayCluster:
         """Per actor: times it was restarted (this run's, a resumed run's included)."""
         self._runs: list = []
         self._slots: list = []
-        self._actor_configs: list[dict[str, Any]] = []
+        self._actor_configs: list[ActorConfig] = []
         self._weights: WeightGroup | None = None
         self._started_ray = False
         self.nodes: dict[str, str] = {}
@@ -144,14 +145,15 @@ class RayCluster:
                                     cfg.transport.weight_timeout_s)
         self._slots = placement.of("actor")
         self.nodes = {f"{s.role}-{s.index}": s.node for s in placement.slots if s.role != "env_worker"}
-        self._actor_configs = [{**actor_config(cfg, slot.index, model_path, stream), "cores": slot.cores,
-                                "log_file": _log_file(log_dir, f"actor-{slot.index}"),
-                                "learner_curve": keys[1] if keys else None}
-                               for slot in self._slots]
+        self._actor_configs = [dataclasses.replace(
+            actor_config(cfg, slot.index, model_path, stream), cores=slot.cores,
+            log_file=_log_file(log_dir, f"actor-{slot.index}"), learner_curve=keys[1] if keys else None)
+            for slot in self._slots]
         self.incarnations = [0] * len(self._slots)
         for i, stream_at in enumerate((streams or [])[:len(self._slots)]):
             self.incarnations[i] = stream_at["incarnation"]
-            self._actor_configs[i]["skip_groups"] = stream_at["groups_drawn"]
+            self._actor_configs[i] = dataclasses.replace(self._actor_configs[i],
+                                                         skip_groups=stream_at["groups_drawn"])
         for i in range(len(self._slots)):
             self.actors.append(self._new_actor(i))
         ray.get([a.start.remote() for a in self.actors])
@@ -257,7 +259,8 @@ class RayCluster:
         log.warning("actor %d failed (%s: %s): restarting it", index, type(error).__name__, error)
         ray.kill(self.actors[index], no_restart=True)
         self.incarnations[index] += 1
-        self._actor_configs[index]["skip_groups"] = 0  # a new incarnation's stream starts afresh
+        # a new incarnation's stream starts afresh
+        self._actor_configs[index] = dataclasses.replace(self._actor_configs[index], skip_groups=0)
         self.actors[index] = self._new_actor(index)
         if self._runs:
             self._runs[index] = None
@@ -277,7 +280,7 @@ class RayCluster:
         return ray.remote(InferenceActor).options(
             num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
             runtime_env={"env_vars": env_vars} if env_vars else None,
-        ).remote({**self._actor_configs[index], "incarnation": self.incarnations[index]})
+        ).remote(dataclasses.replace(self._actor_configs[index], incarnation=self.incarnations[index]))
 
     def evaluate(self, seeds: list[int], pages: int = 0) -> dict[str, Any]:
         """Greedy episodes on ``seeds``, split across the actors; means weighted by episodes, and

@@ -5,13 +5,13 @@ import inspect
 import os
 
 import pytest
-from launch.config.builders import actor_config, trainer_config, warm_start_config
-from launch.model.prepare import prepare_model
-from launch.run.supervisor import _episodes_per_actor
-from launch.model.tiny_model import build_tiny_model
-from launch.config.compose import CONFIGS, compose
-from tests.maniskill import requires_maniskill
 
+from launch.config.builders import actor_config, trainer_config, warm_start_config
+from launch.config.compose import CONFIGS, compose
+from launch.model.prepare import prepare_model
+from launch.model.tiny_model import build_tiny_model
+from launch.run.supervisor import _episodes_per_actor
+from tests.maniskill import requires_maniskill
 
 
 def test_default_is_the_tiny_async_frozenlake_run():
@@ -40,30 +40,51 @@ def test_trainer_config_takes_the_algorithm_and_learner_groups():
     from learner.config import TrainerConfig
 
     cfg = compose(["algorithm=grpo", "learner.lr=0.5"])
-    tc = TrainerConfig.from_dict(trainer_config(cfg, "/m"))
+    tc = trainer_config(cfg, "/m")
+    assert isinstance(tc, TrainerConfig)
     assert tc.estimator == "grpo" and tc.lr == 0.5 and tc.model_path == "/m"
     assert tc.temperature == cfg.actors.temperature  # proximal log-probs at the sampling temperature
+
+
+def test_every_learner_key_reaches_the_trainer_the_rank_or_the_placement():
+    """trainer_config passes on the learner group's keys that TrainerConfig has, by name: any
+    other key is the rank's (WorkerConfig) or the placement's, none is dropped unread."""
+    import dataclasses
+
+    from launch.config.schema import LearnerConfig
+    from learner.config import TrainerConfig, WorkerConfig
+
+    def names(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+
+    placement = {"ranks", "cpus", "gpus", "device"}
+    assert names(LearnerConfig) - names(TrainerConfig) - names(WorkerConfig) == placement
+    cfg = compose(["learner.vtrace=false", "learner.critic_warmup=2", "learner.lr_schedule=cosine",
+                   "train.steps=9", "seed=4"])
+    tc = trainer_config(cfg, "/m")
+    assert all(getattr(tc, k) == getattr(cfg.learner, k) for k in names(LearnerConfig) & names(TrainerConfig))
+    assert (tc.vtrace, tc.critic_warmup, tc.lr_steps, tc.seed) == (False, 2, 9, 4)
 
 
 def test_actor_config_keys_are_the_actors():
     from actors.config import ActorConfig
 
     cfg = compose(["actors.num=3", "env=sokoban"])
-    ac = ActorConfig.from_dict(actor_config(cfg, 2, "/m", "tcp://127.0.0.1:1"))
-    assert ac.actor_id == 2 and ac.env_name == "sokoban" and ac.max_turns == cfg.env["max_turns"]
+    ac = actor_config(cfg, 2, "/m", "tcp://127.0.0.1:1")
+    assert isinstance(ac, ActorConfig) and ac.actor_id == 2 and ac.env_name == "sokoban"
+    assert ac.max_turns == cfg.env["max_turns"] and ac.env_pool.envs_per_worker == cfg.actors.envs_per_worker
 
 
 def test_the_engine_takes_as_many_images_as_an_episode_shows():
-    from actors.config import ActorConfig
     from actors.vision import engine_image_args
 
     for env, images in (("frozenlake", 3), ("navigation", 4), ("svg", 3)):
         cfg = compose([f"env={env}", "env.render=image", "model.vision=true"])
-        ac = ActorConfig.from_dict(actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1"))
+        ac = actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1")
         # SVG: the target on turn 1, the target and the last drawing on turn 2: 3 <= 2 x 2
         limit = engine_image_args(ac.max_turns * ac.images_per_turn)["limit_mm_per_prompt"]["image"]
         assert limit >= images and ac.max_turns == cfg.env["max_turns"]
-    assert ActorConfig.from_dict(actor_config(compose(["env=svg"]), 0, "/m", "x")).images_per_turn == 2
+    assert actor_config(compose(["env=svg"]), 0, "/m", "x").images_per_turn == 2
 
 
 @pytest.mark.parametrize("batch,group,actors,expected", [
@@ -153,11 +174,9 @@ def test_the_config_reference_is_up_to_date():
 
 
 def test_mapping_values_compose_and_reach_the_trainer():
-    from learner.config import TrainerConfig
-
     cfg = compose(["algorithm.kl_loss={kind: k3, coef: 0.1, tags: [observation]}",
                    "algorithm.estimator_args.gamma_turn=0.9"])
-    tc = TrainerConfig.from_dict(trainer_config(cfg, "/m"))
+    tc = trainer_config(cfg, "/m")
     assert tc.kl_loss == {"kind": "k3", "coef": 0.1, "tags": ["observation"]}
     assert tc.estimator_args["gamma_turn"] == 0.9 and tc.kl_in_reward == {"kind": "k1", "coef": 0.001}
 
@@ -167,7 +186,6 @@ def test_secondary_command_lines_speak_the_runs_names():
     and the pool's timeouts reach the actors' pools."""
     import dataclasses
 
-    from actors.config import ActorConfig
     from envs.config import EnvPoolConfig
     from envs.main import parse_args
 
@@ -176,7 +194,7 @@ def test_secondary_command_lines_speak_the_runs_names():
     args = parse_args(["--env", "frozenlake", "--env-workers", "3", "--step-timeout-s", "5"])
     assert (args.env_workers, args.envs_per_worker, args.step_timeout_s) == (3, 16, 5.0)
     cfg = compose(["actors.step_timeout_s=7", "actors.reset_timeout_s=9"])
-    ac = ActorConfig.from_dict(actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1"))
+    ac = actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1")
     assert (ac.env_pool.step_timeout_s, ac.env_pool.reset_timeout_s) == (7.0, 9.0)
     with pytest.raises(ValueError, match="step_timeout_s"):
         compose(["actors.step_timeout_s=0"])
@@ -187,7 +205,7 @@ def test_tensor_parallel_follows_the_engines_gpus_and_sets_the_weight_ranks():
 
     assert compose([]).actors.tp == 1
     gpu = compose(["actors=gpu", "actors.gpus_per_engine=2"])
-    assert gpu.actors.tp == 2 and actor_config(gpu, 0, "/m", "tcp://h:1")["tensor_parallel"] == 2
+    assert gpu.actors.tp == 2 and actor_config(gpu, 0, "/m", "tcp://h:1").tensor_parallel == 2
     assert compose(["actors.tensor_parallel=2"]).actors.tp == 2  # CPU: worker processes
     with pytest.raises(ValueError, match="must equal actors.gpus_per_engine"):
         compose(["actors=gpu", "actors.gpus_per_engine=2", "actors.tensor_parallel=4"])
@@ -245,4 +263,4 @@ def test_the_stream_is_keyed_on_a_cluster_and_open_on_loopback_unless_told(tmp_p
         compose(["transport.curve=maybe"])
     config = actor_config(compose(["actors.env_curve=/keys", "actors.env_address=tcp://h:1"]),
                           0, "m", "tcp://h:2")
-    assert config["env_curve"] == "/keys"
+    assert config.env_curve == "/keys"

@@ -15,10 +15,9 @@ import pytest
 from actors.episode import Generation, run_episode
 from envs.registry import make
 from launch.config.builders import actor_config, env_config, trainer_config
-from launch.model.tiny_tokenizer import build_tokenizer
 from launch.config.compose import compose
+from launch.model.tiny_tokenizer import build_tokenizer
 from learner.batch import collate
-from learner.config import TrainerConfig
 from tests.envs_api import env_reset, env_step
 
 SEED = 11
@@ -89,7 +88,7 @@ def test_preset_rewards_and_masks(episodes, name):
     reasoning, multi_turn, estimator = PRESETS[name]
     cfg, result, turns = episodes[name]
     assert cfg.algorithm.estimator == estimator
-    assert TrainerConfig.from_dict(trainer_config(cfg, "/m")).multi_turn_reward is multi_turn
+    assert trainer_config(cfg, "/m").multi_turn_reward is multi_turn
     traj = result.trajectory
     assert len(turns) >= 2 and traj.turn_rewards.shape == (len(turns),)
 
@@ -128,4 +127,4 @@ def test_an_env_without_a_judge_stays_without_one():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_grpo_alone_has_its_actors_send_whole_groups(name):
     cfg = compose([f"algorithm={name}"])
-    assert actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1")["whole_groups"] is (name == "grpo")
+    assert actor_config(cfg, 0, "/m", "tcp://127.0.0.1:1").whole_groups is (name == "grpo")
