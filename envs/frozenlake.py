@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 from envs.grid import Pos, Tile, bfs, cells_of, from_text, moved, to_text
-from envs.grid_env import GridEnv, check_int
+from envs.grid_env import GridEnv, check_int, takes_layer
 
 _SYMBOLS = "P_OGX√"
 _TILES = {
@@ -167,6 +167,7 @@ class FrozenLake:
         return self.player, [("goal", self.goal), *holes]
 
 
+@takes_layer
 def make_env(
     *,
     size: int = 4,

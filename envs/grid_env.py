@@ -2,9 +2,11 @@
 
 Built by the games' ``make_env`` (envs.frozenlake, envs.sokoban; envs.gym_game for any gymnasium
 env with discrete actions and a text rendering; envs.primitive_skill.game on ManiSkill;
-envs.navigation.game on MiniWorld), which envs.registry calls. The game owns the rules, the map,
-the solver and the render data (see ``GridGame``); this class owns what is common to them: the
-answer format, the rewards of a turn, the observations and the prompt. A game may also have
+envs.navigation.game on MiniWorld), which envs.registry calls; each is declared with
+``takes_layer``, so its signature names GridEnv's settings too and a config's keys can be checked
+against it without building an env. The game owns the rules, the map, the solver and the render
+data (see ``GridGame``); this class owns what is common to them: the answer format, the rewards
+of a turn, the observations and the prompt. A game may also have
 ``parse_action`` (actions with arguments), ``image`` (a camera instead of the drawn grid),
 ``instruction`` (the episode's own goal, said in every observation: the system prompt is asked
 before the episode is drawn), ``end_reward`` (paid on the episode's last turn), ``judge_score``
@@ -22,10 +24,11 @@ Invariants of ``step``:
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -322,4 +325,22 @@ def _feedback(parsed: Parsed, checked: list[tuple[str | None, str]], executed: l
         text, why = bad[0]
         return (f"{text!r} is not a valid action ({why}). "
                 f"Executed: {', '.join(executed) or 'nothing'}.")
+
+
+_Factory = TypeVar("_Factory", bound=Callable[..., Any])
+
+
+def takes_layer(factory: _Factory) -> _Factory:
+    """Declares a game's ``make_env(*, <the game's keywords>, **layer)`` that builds
+    ``GridEnv(game, action_example=..., **layer)``: its signature (``inspect.signature``, which
+    envs/registry.py's ``check_config`` binds a config to) becomes its own keywords followed by
+    GridEnv's settings, so a key that neither takes fails before any env is built. The call
+    itself is unchanged."""
+    own = inspect.signature(factory)
+    params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    given = {p.name for p in params} | {"action_example"}  # the factory gives these itself
+    layer = [p for p in inspect.signature(GridEnv).parameters.values()
+             if p.kind is p.KEYWORD_ONLY and p.name not in given]
+    factory.__signature__ = own.replace(parameters=params + layer)  # type: ignore[attr-defined]
+    return factory
     return f"Executed: {', '.join(executed)}."

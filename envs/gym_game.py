@@ -19,7 +19,9 @@ What the env must provide (or the config say):
   dynamics are a deterministic table, as gymnasium's toy-text games publish them (``P[s][a] =
   [(1.0, next state, reward, terminated)]`` with the state in ``s``: CliffWalking, Taxi,
   FrozenLake off the ice), is solved here by breadth-first search over the table; an env with
-  neither (a slippery one, say) gets no warm start.
+  neither (a slippery one, say) gets no warm start. The run decides on its warm start before it
+  builds an env (``has_solver``), from the class: a table counts there for gymnasium's toy-text
+  games (``TABLES``); an env of your own gets a warm start by having ``solve()``.
 Success: ``info["success"]`` where the env reports it, else by the config's ``success`` rule:
 ``terminated`` (reaching a terminal state is success: CliffWalking, Taxi) or ``positive_reward``
 (a terminal step with a positive reward: FrozenLake, whose holes also terminate).
@@ -36,14 +38,15 @@ seed replays the same episode.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from envs.grid_env import GridEnv
+from envs.grid_env import GridEnv, takes_layer
 
 ACTION_NAMES: dict[str, tuple[str, ...]] = {
     "CliffWalkingEnv": ("Up", "Right", "Down", "Left"),
@@ -52,6 +55,11 @@ ACTION_NAMES: dict[str, tuple[str, ...]] = {
 }
 """Action names of gymnasium's toy-text games, by the env's class (so every registered variant,
 CliffWalkingSlippery-v1 say, has them; their docs' order)."""
+TABLES: dict[str, str] = {"CliffWalkingEnv": "is_slippery", "TaxiEnv": "is_rainy",
+                          "FrozenLakeEnv": "is_slippery"}
+"""gymnasium's toy-text games, whose dynamics are a table (``P``), by the env's class: the keyword
+that makes the table random. While it is false the table is deterministic and ``solve`` searches
+it, which ``has_solver`` knows from the config without building the env."""
 SUCCESS_RULES = ("terminated", "positive_reward")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -169,6 +177,7 @@ class GymGame:
         self.env.close()
 
 
+@takes_layer
 def make_env(*, id: str | None = None, entry_point: str | None = None,
              kwargs: dict[str, Any] | None = None, action_names: Sequence[str] | None = None,
              success: str = "terminated", success_reward: float = 0.0, reward_scale: float = 1.0,
@@ -177,17 +186,12 @@ def make_env(*, id: str | None = None, entry_point: str | None = None,
     with ``kwargs``) in VAGEN's layer; ``layer`` is GridEnv's settings (format, max_turns, ...)."""
     import gymnasium as gym
 
-    if (id is None) == (entry_point is None):
-        raise ValueError("give the env as exactly one of id (a gymnasium id) or entry_point "
-                         f"(module:Class), got id={id!r}, entry_point={entry_point!r}")
+    _check_one_of(id, entry_point)
     kwargs = {"render_mode": "ansi", **(kwargs or {})}
     if id is not None:
         env = gym.make(id, **kwargs)
     else:
-        module, _, attr = entry_point.partition(":")
-        if not attr:
-            raise ValueError(f"entry_point must be module:Class, got {entry_point!r}")
-        env = getattr(importlib.import_module(module), attr)(**kwargs)
+        env = _load(entry_point)(**kwargs)
     if "ansi" not in env.metadata.get("render_modes", ()):
         env.close()
         raise ValueError(f"{id or entry_point} renders no text: 'ansi' is not among its "
@@ -211,3 +215,40 @@ def make_env(*, id: str | None = None, entry_point: str | None = None,
         raise ValueError(f"{id or entry_point} {problem}")
     example = tuple(game.action_space[:min(2, len(game.action_space))])
     return GridEnv(game, action_example=example, **layer)
+
+
+def has_solver(config: Mapping[str, Any]) -> bool:
+    """Whether ``make_env(**config)`` can solve its episodes, known without building the env
+    (the run decides on its warm start with it, launch/model/prepare.py): its class has
+    ``solve()``, or it is a toy-text game of ``TABLES`` whose keywords (the registered id's, then
+    ``kwargs``) leave its table deterministic. A built env's ``GymGame.has_solver`` also finds a
+    deterministic table in an env of another class, which is not known before it is built: such
+    an env gets a warm start by defining ``solve()``."""
+    import gymnasium as gym
+
+    id, entry_point = config.get("id"), config.get("entry_point")
+    _check_one_of(id, entry_point)
+    spec = gym.spec(id) if id is not None else None
+    creator = _load(entry_point) if spec is None else spec.entry_point
+    cls = _load(creator) if isinstance(creator, str) else creator
+    if hasattr(cls, "solve"):
+        return True
+    switch = TABLES.get(getattr(cls, "__name__", ""))
+    if switch is None:
+        return False
+    kwargs = {**(spec.kwargs if spec is not None else {}), **(config.get("kwargs") or {})}
+    return not kwargs.get(switch, inspect.signature(cls).parameters[switch].default)
+
+
+def _check_one_of(id: str | None, entry_point: str | None) -> None:
+    if (id is None) == (entry_point is None):
+        raise ValueError("give the env as exactly one of id (a gymnasium id) or entry_point "
+                         f"(module:Class), got id={id!r}, entry_point={entry_point!r}")
+
+
+def _load(entry_point: str):
+    """The class (or function) that ``entry_point`` ("module:Class") names."""
+    module, _, attr = entry_point.partition(":")
+    if not attr:
+        raise ValueError(f"entry_point must be module:Class, got {entry_point!r}")
+    return getattr(importlib.import_module(module), attr)

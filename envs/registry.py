@@ -10,16 +10,20 @@ Invariants:
 - ``gymnasium.make`` adds no wrapper (registered without the order enforcer and the passive
   checker; tests run gymnasium's ``check_env`` on every env instead), so the env's own methods
   (``system_prompt``, ``state_text``, ``solve``) are reachable on what ``make`` returns.
-- An env's module is imported only when it is made, so importing ``envs`` stays light (later envs
-  bring simulators).
+- An env's module is imported only when it is made or its config checked, so importing ``envs``
+  stays light; the simulators come with the envs' construction, not their modules.
+- What a config asks of an env is answered without building one: ``check_config`` binds its
+  keys to the factory's signature, ``has_solver`` reads ``_SOLVERS``, ``images_per_observation``
+  reads ``_IMAGES``; the values are the env's to judge when it is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +54,45 @@ for _name, _id in IDS.items():
                      disable_env_checker=True)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "env"
 _IMAGES = {"svg": 2}  # the target, and beside it the last drawing
+_SOLVERS: dict[str, bool | str] = {
+    "frozenlake": True, "sokoban": True, "primitive_skill": True, "navigation": True,  # the game's solve
+    "svg": True,  # the target's own SVG
+    "action_words": False,  # nothing to solve: any answer scores by its words
+    "gym": "envs.gym_game:has_solver",  # the gymnasium env's: a function of the config
+}
+"""Each env's ``has_solver`` as its config decides it, so it is known without building the env:
+a bool, or a "module:function" of the config."""
 
 
 def images_per_observation(name: str) -> int:
     """The most images one observation of env ``name`` shows (1 unless it says more): the
     inference engine is sized for max_turns times this many images a prompt."""
     return _IMAGES.get(name, 1)
+
+
+def has_solver(name: str, config: Mapping[str, Any]) -> bool:
+    """Whether env ``name`` built with ``config`` can solve its episodes (its ``has_solver``:
+    the warm start's demonstrations need it), building no env. An importable "module:callable"
+    has none here: demonstrations are made of registry envs only (``make``)."""
+    if ":" in name:
+        return False
+    _check_name(name)
+    solver = _SOLVERS[name]
+    return solver if isinstance(solver, bool) else bool(_load(solver)(config))
+
+
+def factory_of(name: str) -> Callable[..., Env]:
+    """What builds env ``name`` (a registry name or an importable "module:callable") from its
+    config's keywords: the callable itself, its module imported, no env built."""
+    if ":" not in name:
+        _check_name(name)
+        name = _FACTORIES[name]
+    return _load(name)
+
+
+def _load(spec: str) -> Any:
+    module, attr = spec.split(":", 1)
+    return getattr(importlib.import_module(module), attr)
 
 
 def _check_name(name: str) -> None:
@@ -89,8 +126,7 @@ def make_env(factory: EnvFactory) -> Env:
     """Build one env from a factory spec (the env worker builds each of its envs with it)."""
     name, config = factory
     if ":" in name:
-        module, attr = name.split(":", 1)
-        return getattr(importlib.import_module(module), attr)(**config)
+        return _load(name)(**config)
     return make(name, **config)
 
 
@@ -117,13 +153,16 @@ class DelayedEnv(gym.Wrapper):
 
 
 def check_config(name: str, config: Mapping[str, Any]) -> None:
-    """Raise ValueError naming the env and the problem if ``make(name, **config)`` would fail
-    (an unknown key, a bad value): builds the env once and closes it, so a run's env settings
-    fail when the run is configured, not in its actors."""
+    """Raise ValueError naming the env and the key if its factory would not take ``config``'s
+    keys (one it does not take, one it needs that is missing): binds them to the factory's
+    signature, building no env, so a misspelt key fails when the run is configured, without
+    starting a simulator. The values are the env's to judge when it is built: an
+    actor's env pool whose envs do not build fails to start with the env's own message
+    (envs/pool.py's EnvPoolError)."""
     try:
-        make_env((name, dict(config))).close()
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"env {name!r}: {e}") from e
+        inspect.signature(factory_of(name)).bind(**config)
+    except TypeError as e:
+        raise ValueError(f"env {name!r}: {e}") from None
 
 
 def load_config(name: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from envs.grid import Pos, Tile, cells_of, from_text, to_text
-from envs.grid_env import GridEnv, check_int
+from envs.grid_env import GridEnv, check_int, takes_layer
 from envs.sokoban_gen import generate, push, solve
 
 _SYMBOLS = "#_OX√PS"
@@ -145,6 +145,7 @@ class Sokoban:
         return self.player, boxes + [("target", pos) for pos in sorted(self.targets)]
 
 
+@takes_layer
 def make_env(
     *,
     size: int = 6,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from envs.grid_env import GridEnv
+from envs.grid_env import GridEnv, takes_layer
 
 STEP_M = 0.5
 """VAGEN's move length (its code's; its paper's table says 0.25 m)."""
@@ -339,6 +339,7 @@ class Navigation:
         return f"The {self.target} is {where}, {plan}."
 
 
+@takes_layer
 def make_env(*, image_size: int = 224, success_m: float = SUCCESS_M, max_steps: int = MAX_STEPS,
              min_start_m: float = 2.5, success_reward: float = 10.0, **layer) -> GridEnv:
     """Navigation in VAGEN's layer; ``layer`` is GridEnv's settings (envs/grid_env.py)."""

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.grid_env import GridEnv
+from envs.grid_env import GridEnv, takes_layer
 
 CLIP_MM = 50
 """How far outside the workspace a coordinate may be and still be clipped onto it (mm)."""
@@ -363,6 +363,7 @@ def _split(action: str) -> tuple[str, list[int]]:
     return name, [int(v) for v in args.split(",")]
 
 
+@takes_layer
 def make_env(*, task: str = "PlaceTwoCube", image_size: int = 300,
              step_penalty: float = STEP_PENALTY, assets: str = "builtin",
              sim_config: dict[str, Any] | None = None, **layer: Any) -> GridEnv:

@@ -9,7 +9,9 @@ the defaults here are what a key means when a YAML leaves it out.
 ``python -m launch.train`` turns the composed config into a ``RunConfig`` (``to_run_config``),
 which validates the cross-group rules in ``__post_init__``; code below the entry point receives
 these dataclasses, never a DictConfig. The ``env`` group (the env's keyword arguments) is checked
-against the env's factory. ``python -m launch.config.reference`` writes docs/config-reference.md.
+against the env factory's signature, building no env (envs/registry.py's ``check_config``): its
+values are the env's to judge, when the actors build their envs. ``python -m
+launch.config.reference`` writes docs/config-reference.md.
 """
 
 from dataclasses import dataclass, field, is_dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from launch.config.builders import env_config
+from envs.registry import has_solver
 from launch.config.schema import RunConfig
 from launch.model.tiny_model import build_tiny_model
 
@@ -29,7 +29,7 @@ def prepare_model(cfg: RunConfig, run_dir: Path,
     _check_sees_images(cfg, str(path))
     if not cfg.warm_start.enabled:
         return str(path)
-    if not _has_solver(cfg):
+    if not has_solver(cfg.env_name, cfg.env):
         print(f"warm start off: the {cfg.env_name} env has no solver to make demonstrations with "
               "(warm_start.enabled=false says so quietly)", flush=True)
         return str(path)
@@ -39,17 +39,6 @@ def prepare_model(cfg: RunConfig, run_dir: Path,
     if run_warm_start is None:
         raise ValueError("warm_start.enabled needs a way to run it (the cluster's warm_start)")
     return run_warm_start(str(path), out)
-
-
-def _has_solver(cfg: RunConfig) -> bool:
-    """Whether the run's env can solve its episodes (``has_solver``, envs/grid_env.py)."""
-    from envs.registry import make_env
-
-    env = make_env((cfg.env_name, env_config(cfg)))
-    try:
-        return bool(getattr(env, "has_solver", False))
-    finally:
-        env.close()
 
 
 def _check_sees_images(cfg: RunConfig, path: str) -> None:

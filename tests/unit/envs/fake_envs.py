@@ -20,7 +20,11 @@ class CounterEnv:
     """Counts: reset(seed=s) starts at s; each step adds len(text); done after ``max_steps``.
     The gymnasium signatures of envs/protocol.py's Env, without subclassing gymnasium.Env."""
 
+    built = 0
+    """Envs of this class built in this process (a check that must build none counts them)."""
+
     def __init__(self, max_steps: int = 3, image: bool = False) -> None:
+        CounterEnv.built += 1
         self.max_steps = max_steps
         self.image = image
         self.value = 0

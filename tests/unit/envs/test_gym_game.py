@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from envs.gym_game import make_env
+from envs.gym_game import has_solver, make_env
 from envs.registry import check_config, make, resolve_config
 from tests.envs_api import env_reset, env_step
 
@@ -129,8 +129,13 @@ def test_the_registry_builds_it_from_its_yaml_and_checks_overrides():
     assert "T" in obs.text and env.system_prompt() == ""
     env.close()
     check_config("gym", resolve_config("gym", {"id": "Taxi-v4", "success": "terminated"}))
-    with pytest.raises(ValueError, match="env 'gym'"):
-        check_config("gym", resolve_config("gym", {"id": "CartPole-v1"}))
+    with pytest.raises(ValueError, match="env 'gym'.*'kwarg'"):
+        check_config("gym", resolve_config("gym", {"kwarg": {}}))
+    # a value only the env can judge: the keys check passes, building it says what is wrong
+    cartpole = resolve_config("gym", {"id": "CartPole-v1"})
+    check_config("gym", cartpole)
+    with pytest.raises(ValueError, match="CartPole-v1 renders no text"):
+        make("gym", **cartpole)
 
 
 def test_taxi_names_its_six_actions():
@@ -167,6 +172,31 @@ def test_taxi_is_solved_by_search_from_every_start():
         for name in plan:  # the plan played out ends in the drop-off, nothing earlier
             _, reward, terminated, _, _ = u.step(env.action_names.index(name))
         assert terminated and reward == 20 and len(plan) <= 20
+    env.close()
+
+
+class SolvedCorridor(Corridor):
+    """A corridor that solves itself."""
+
+    def solve(self) -> list[str]:
+        return ["Forward"] * (self.length - 1 - self.position)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(id="CliffWalking-v1"), dict(id="CliffWalkingSlippery-v1"),
+    dict(id="Taxi-v4"), dict(id="Taxi-v4", kwargs={"is_rainy": True}),
+    dict(id="FrozenLake-v1", success="positive_reward"),  # slippery unless told
+    dict(id="FrozenLake-v1", kwargs={"is_slippery": False}, success="positive_reward"),
+    dict(id="FrozenLake8x8-v1", kwargs={"is_slippery": False}, success="positive_reward"),
+    dict(id=None, entry_point=f"{__name__}:SolvedCorridor"),
+    dict(id=None, entry_point=f"{__name__}:Corridor"),
+])
+def test_has_solver_knows_from_the_config_what_the_built_env_says(settings):
+    config = resolve_config("gym", {**settings, "format": "no_think", "prompt": "none",
+                                    "reasoning_reward": None})
+    env = make("gym", **config)
+    env.reset(seed=0)
+    assert has_solver(config) is env.has_solver
     env.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 
@@ -95,3 +96,58 @@ def test_resolve_config_puts_overrides_over_the_yaml_and_leaves_importables_alon
     assert merged == {**load_config("frozenlake"), "size": 6, "extra": 1}
     assert resolve_config("tests.unit.envs.fake_envs:CounterEnv", overrides) == overrides
     assert overrides == {"size": 6, "extra": 1}  # not modified
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checking_a_config_builds_no_env_and_names_an_unknown_key(monkeypatch, name):
+    """check_config binds the keys to the factory's signature: a factory that refuses to build
+    (its signature kept) passes every env's YAML, even a simulator's, and an unknown key fails."""
+    from envs import registry
+
+    module, attr = registry._FACTORIES[name].split(":")
+    real = getattr(importlib.import_module(module), attr)
+
+    @functools.wraps(real)
+    def refuse(**config):
+        raise AssertionError(f"check_config built the {name} env")
+
+    monkeypatch.setattr(importlib.import_module(module), attr, refuse)
+    registry.check_config(name, load_config(name))
+    with pytest.raises(ValueError, match=f"env '{name}'.*'colour'"):
+        registry.check_config(name, {**load_config(name), "colour": "red"})
+
+
+def test_an_importable_factory_is_checked_by_its_signature_unbuilt():
+    from envs.registry import check_config
+    from tests.unit.envs.fake_envs import CounterEnv
+
+    factory = "tests.unit.envs.fake_envs:CounterEnv"
+    built = CounterEnv.built
+    check_config(factory, {"max_steps": 5})
+    with pytest.raises(ValueError, match="max_step"):
+        check_config(factory, {"max_step": 5})
+    assert CounterEnv.built == built
+
+
+def test_a_value_only_the_env_can_judge_fails_where_the_actors_build_it():
+    """check_config passes a bad value (its key is right); the actor's env pool, building the
+    env, fails to start with the env's own message."""
+    from envs.pool import EnvPool, EnvPoolError
+    from envs.registry import check_config
+
+    config = {**load_config("frozenlake"), "format": "nonsense"}
+    check_config("frozenlake", config)
+    with pytest.raises(EnvPoolError, match="'frozenlake' failed: ValueError: unknown format 'nonsense'"):
+        EnvPool(("frozenlake", config), num_workers=1, envs_per_worker=1, start_timeout_s=60)
+
+
+def test_has_solver_is_declared_for_every_env_and_agrees_with_the_built_env():
+    from envs.registry import _SOLVERS, has_solver
+
+    assert set(_SOLVERS) == set(NAMES)
+    for name in ("frozenlake", "sokoban", "action_words", "svg", "gym"):  # no simulator
+        config = load_config(name)
+        env = make(name, **config)
+        assert has_solver(name, config) is bool(getattr(env, "has_solver", False)), name
+        env.close()
+    assert not has_solver("tests.unit.envs.fake_envs:CounterEnv", {})  # demonstrations: registry envs
