@@ -5,7 +5,8 @@ Called by the topologies (launch/topology/: each component's config), by launch/
 warm start's arguments) and by the benchmarks. Each builder takes the ``RunConfig``
 (launch/config/schema.py) and returns what one component takes: the env's keyword arguments,
 the trainer's, a learner rank's, an actor's and its env pool's config dataclasses, the warm
-start's keyword arguments (``warm_start`` is a function)."""
+start's keyword arguments (``warm_start`` is a function). A key of a few choices (a str Enum of
+the schema) reaches a component as its plain word: the components know no schema types."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
         max_turns=cfg.env["max_turns"], max_context=ac.max_context,
         images_per_turn=images_per_observation(cfg.env_name),
         kv_cache_bytes=ac.kv_cache_bytes, seed=cfg.seed * 1000 + index,
-        learner_address=stream_address, dtype=cfg.model.dtype, tensor_parallel=ac.tp)
+        learner_address=stream_address, dtype=str(cfg.model.dtype), tensor_parallel=ac.tp)
 
 
 def env_pool_config(cfg: RunConfig) -> EnvPoolConfig:
@@ -102,7 +103,7 @@ def worker_config(cfg: RunConfig, model_path: str) -> WorkerConfig:
     return WorkerConfig(
         trainer=trainer_config(cfg, model_path),
         threads=cfg.learner.threads, dist_timeout_s=cfg.learner.dist_timeout_s,
-        max_staleness=cfg.learner.max_staleness, on_stale=cfg.learner.on_stale,
-        group_size=cfg.actors.group_size, partial_groups=cfg.learner.partial_groups,
+        max_staleness=cfg.learner.max_staleness, on_stale=str(cfg.learner.on_stale),
+        group_size=cfg.actors.group_size, partial_groups=str(cfg.learner.partial_groups),
         window_bytes=cfg.transport.window_bytes, weight_timeout_s=cfg.transport.weight_timeout_s,
         weight_bucket_bytes=int(cfg.transport.weight_bucket_mb * (1 << 20)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import enum
 import inspect
 import sys
 import typing
@@ -44,6 +45,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _type(t) -> str:
+    if isinstance(t, type) and issubclass(t, enum.Enum):  # a key's choices
+        return " | ".join(str(m.value) for m in t)
     if t is typing.Any:
         return "mapping | null"
     name = getattr(t, "__name__", None)
@@ -61,6 +64,8 @@ def _cell(text: str) -> str:
 
 def _default(f: dataclasses.Field) -> str:
     if f.default is not dataclasses.MISSING:
+        if isinstance(f.default, enum.Enum):
+            return str(f.default.value)
         if isinstance(f.default, bool):
             return str(f.default).lower()
         return "null" if f.default is None else repr(f.default).replace("'", "")
@@ -74,9 +79,10 @@ def render() -> str:
     hints = typing.get_type_hints(config.RunConfig)
     lines = ["# Configuration reference", "",
              "Generated from `launch/config/schema.py` by `python -m launch.config.reference`; do not edit.",
-             "Every key is checked when the config is composed: an unknown key, or a value of the",
-             "wrong type, fails with Hydra's message naming it. Defaults below are the schema's;",
-             "the YAML files of `configs/` set the values a run starts from.", ""]
+             "Every key is checked when the config is composed: an unknown key, a value of the",
+             "wrong type, or a word not among a key's choices fails with Hydra's message naming it.",
+             "Defaults below are the schema's; the YAML files of `configs/` set the values a run",
+             "starts from.", ""]
     top = [f for f in dataclasses.fields(config.RunConfig) if not dataclasses.is_dataclass(hints[f.name])]
     groups = [f for f in dataclasses.fields(config.RunConfig) if dataclasses.is_dataclass(hints[f.name])]
     docs = field_docs(config.RunConfig)

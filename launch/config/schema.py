@@ -1,10 +1,11 @@
 """The schema of a training run: one dataclass per config group, ``RunConfig`` for the whole.
 
 Registered with Hydra's ConfigStore as ``run_schema``, the first entry of configs/train.yaml's
-defaults: every group's YAML merges into its typed node, so a misspelt or unknown key, or a
-value of the wrong type, fails when the config is composed (on the command line, in a sweep, in
-``launch.config.compose.compose``), with Hydra's message naming the key. The YAML files keep the values;
-the defaults here are what a key means when a YAML leaves it out.
+defaults: every group's YAML merges into its typed node, so a misspelt or unknown key, a value
+of the wrong type, or a word not among a key's choices (its str Enum) fails when the config is
+composed (on the command line, in a sweep, in ``launch.config.compose.compose``), with Hydra's
+message naming the key. The YAML files keep the values; the defaults here are what a key means
+when a YAML leaves it out.
 
 ``python -m launch.train`` turns the composed config into a ``RunConfig`` (``to_run_config``),
 which validates the cross-group rules in ``__post_init__``; code below the entry point receives
@@ -15,11 +16,56 @@ launch.config.reference`` writes docs/config-reference.md.
 """
 
 from dataclasses import dataclass, field, is_dataclass
+from enum import StrEnum
 from typing import Any, Dict, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 
 from envs.config import EnvPoolConfig
+
+
+# The keys that take one of a few words: a str Enum each (a value is its member's name), so
+# composing rejects another word naming the key and its choices, and the code below compares
+# the values with plain strings.
+class DType(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class OnStale(StrEnum):
+    drop = "drop"
+    keep = "keep"
+
+
+class PartialGroups(StrEnum):
+    train = "train"
+    drop = "drop"
+
+
+class Curve(StrEnum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+class WandbMode(StrEnum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class Console(StrEnum):
+    run = "run"
+    all = "all"
+
+
+TrainMode = StrEnum("TrainMode", ["async", "sync"])  # "async" is a keyword: no class body
+
+
+class Topology(StrEnum):
+    ray = "ray"
+    local = "local"
 
 
 @dataclass
@@ -33,13 +79,10 @@ class ModelConfig:
     """Seed of the tiny model's random weights."""
     vision: bool = False
     """Build the tiny vision-language model (a Qwen2-VL) instead of the text one (for env.render=image)."""
-    dtype: str = "float32"
-    """The inference engines' dtype (float32 | bfloat16)."""
+    dtype: DType = DType.float32
+    """The inference engines' dtype."""
     critic_path: Optional[str] = None
     """Where the critic's backbone starts; null: from the policy's weights."""
-
-    def __post_init__(self) -> None:
-        _one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
 
 
 @dataclass
@@ -170,9 +213,9 @@ class LearnerConfig:
     """Compute dtype (float32 | bfloat16); weights and optimizer stay float32."""
     max_staleness: int = 1
     """Versions a trajectory may lag the learner."""
-    on_stale: str = "drop"
-    """drop | keep (keep: importance ratios down-weight it)."""
-    partial_groups: str = "train"
+    on_stale: OnStale = OnStale.drop
+    """A trajectory staler than that: dropped, or kept (importance ratios down-weight it)."""
+    partial_groups: PartialGroups = PartialGroups.train
     """GRPO: a group that lost a member trains with the members it has (train) or is dropped (drop)."""
     vtrace: bool = True
     """Off-policy correction of the advantages (rho and c clipped at 1)."""
@@ -180,9 +223,7 @@ class LearnerConfig:
     """Timeout of the learner ranks' process group (a rank silent this long fails the step)."""
 
     def __post_init__(self) -> None:
-        _one_of("learner.device", self.device.split(":")[0], ("cpu", "cuda"))
-        _one_of("learner.on_stale", self.on_stale, ("drop", "keep"))
-        _one_of("learner.partial_groups", self.partial_groups, ("train", "drop"))
+        _one_of("learner.device", self.device.split(":")[0], ("cpu", "cuda"))  # or cuda:<index>
         if self.ranks < 1 or self.max_staleness < 0:
             raise ValueError("learner.ranks must be >= 1 and learner.max_staleness >= 0")
 
@@ -202,7 +243,7 @@ class TransportConfig:
     weight_bucket_mb: float = 256
     """The weights travel in flat buckets of at most this many MiB (a larger tensor alone): the
     memory a push needs beyond the model, on the learner's rank 0 and in each engine."""
-    curve: str = "auto"
+    curve: Curve = Curve.auto
     """CurveZMQ on the trajectory stream: on | off | auto (on when the run joins a Ray cluster,
     where the stream binds a network address; off on loopback)."""
     curve_keys: Optional[str] = None
@@ -211,7 +252,6 @@ class TransportConfig:
     def __post_init__(self) -> None:
         if self.weight_bucket_mb <= 0:
             raise ValueError(f"transport.weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
-        _one_of("transport.curve", self.curve, ("auto", "on", "off"))
 
 
 @dataclass
@@ -220,26 +260,22 @@ class LoggerConfig:
 
     wandb: bool = True
     """Log to wandb as well as metrics.jsonl."""
-    mode: str = "offline"
-    """wandb mode: offline | online (needs WANDB_API_KEY) | disabled."""
+    mode: WandbMode = WandbMode.offline
+    """wandb's mode (online needs WANDB_API_KEY)."""
     project: str = "vagen-async"
     """wandb project."""
     print_every: int = 1
     """A progress line every k steps."""
-    console: str = "run"
+    console: Console = Console.run
     """run: the console shows the run's own lines, each process's output goes to <run dir>/logs/
     | all: everything on the console."""
-
-    def __post_init__(self) -> None:
-        _one_of("logger.console", self.console, ("run", "all"))
-        _one_of("logger.mode", self.mode, ("offline", "online", "disabled"))
 
 
 @dataclass
 class TrainConfig:
     """The loop: mode, steps, batches, evaluation, checkpoints."""
 
-    mode: str = "async"
+    mode: TrainMode = TrainMode["async"]
     """async: actors never wait for the learner | sync: generate, train, push."""
     steps: int = 100
     """Learner steps (one batch each)."""
@@ -267,7 +303,6 @@ class TrainConfig:
     """Trajectories written as readable text at the end."""
 
     def __post_init__(self) -> None:
-        _one_of("train.mode", self.mode, ("async", "sync"))
         if (min(self.batch_size, self.publish_every, self.keep_checkpoints) < 1
                 or min(self.steps, self.eval_pages) < 0):
             raise ValueError("train: batch_size, publish_every, keep_checkpoints must be >= 1; "
@@ -342,7 +377,7 @@ class RunConfig:
     starts; under ``ray job submit``, Ray's copy of the working directory, deleted after the job)."""
     env_name: str = "frozenlake"
     """The env group's choice: a registry name (envs/registry.py)."""
-    topology: str = "ray"
+    topology: Topology = Topology.ray
     """ray: every learner rank and actor a Ray actor, trajectories over ZeroMQ, weights by
     broadcast | local: the same loop in this one process, no Ray, in-process channels and vLLM
     engine (launch/topology/local_cluster.py; one learner rank, one actor; for debugging)."""
@@ -350,7 +385,6 @@ class RunConfig:
     def __post_init__(self) -> None:
         from envs.registry import check_config
 
-        _one_of("topology", self.topology, ("ray", "local"))
         if self.topology == "local" and (self.actors.num != 1 or self.learner.ranks != 1
                                          or self.actors.tp != 1):
             raise ValueError(f"topology=local runs one actor and one learner rank, got actors.num="
