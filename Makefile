@@ -18,10 +18,10 @@ endif
 export VLLM_NO_USAGE_STATS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install train test test-slow bench soak system clean
+.PHONY: install train test lint test-slow bench soak system clean
 
 # Tests and benchmarks build their models here and never ask the Hugging Face hub; a run asks it
-# only for a model named by hub id (launch/config/builders.py's hub_access).
+# only for a model named by hub id (launch/model/hub.py's hub_access).
 test test-slow bench soak: export HF_HUB_OFFLINE ?= 1
 
 install: system $(STAMP)
@@ -41,9 +41,15 @@ endif
 train: install
 	$(BIN)/python -m launch.train $(ARGS)
 
-test: install
-	$(BIN)/lint-imports
+test: install lint
 	$(BIN)/python -X faulthandler -m pytest $(ARGS)
+
+# The checks that read the code without running it (pyproject.toml configures each): the import
+# contracts, ruff's lint and import order, and mypy over launch/.
+lint: install
+	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test-slow: install
 	$(BIN)/python -m pytest -m slow $(ARGS)

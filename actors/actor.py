@@ -1,8 +1,8 @@
 """The inference actor: one vLLM engine (actors/engine.py builds it: an AsyncLLM, or its in-process
 stand-in) playing many multi-turn episodes at once.
 
-launch/topology/ray_cluster.py wraps ``InferenceActor`` as an async Ray actor and drives it (launch/topology/local_cluster.py
-runs it on an event loop thread of the learner's process): ``start``,
+launch/topology/ray_cluster.py wraps ``InferenceActor`` as an async Ray actor and drives it
+(launch/topology/local_cluster.py runs it on an event loop thread of the learner's process): ``start``,
 ``join_weight_group``, ``run`` in the background (or ``run(num_episodes=n)`` per step in sync
 mode), ``update_weights`` whenever the learner publishes, ``evaluate``, ``stats``, ``close``. No
 Ray here: every method is a plain coroutine, so tests drive the class with ``asyncio`` directly.
@@ -47,18 +47,18 @@ import numpy as np
 
 from actors.config import ActorConfig
 from actors.engine import build_engine, cpu_thread_binding, sampling_params
-from actors.groups import GroupHolder, GroupStream
 from actors.episode import EpisodeResult, Generate, Generation, run_episode
+from actors.groups import GroupHolder, GroupStream
 from actors.vision import VisionTokens, vllm_prompt
 from actors.weight_updates import WeightUpdates
 from envs.pool import EnvPool
 from envs.registry import resolve_config
 from envs.service import EnvServiceError, LatencyEnvClient, LocalEnvClient, RemoteEnvClient
 from transport import heap
+from transport.channels import TrajectorySink, trajectory_sink
 from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
-from transport.channels import TrajectorySink, trajectory_sink
 from transport.security import read_client
 
 log = logging.getLogger(__name__)
@@ -310,9 +310,9 @@ class InferenceActor:
             request_id, final = f"actor{self.cfg.actor_id}-{next(self._request_ids)}", None
             self._busy(+1)
             try:
-                async for final in self.engine.generate(vllm_prompt(ids, images, self.vision),
-                                                        params, request_id):
-                    pass
+                async for output in self.engine.generate(vllm_prompt(ids, images, self.vision),
+                                                         params, request_id):
+                    final = output  # the stream's last output holds the whole answer
             finally:
                 self._busy(-1)
             if images and list(final.prompt_token_ids) != ids:

@@ -179,7 +179,7 @@ class InProcessEngine:
                 continue
             try:
                 outputs = engine.step()
-            except Exception as e:  # noqa: BLE001 - every request in flight fails with it
+            except Exception as e:
                 log.exception("engine step failed")
                 for loop, stream in list(self._streams.values()):
                     loop.call_soon_threadsafe(stream.put_nowait, e)

@@ -33,8 +33,7 @@ from typing import Any, Protocol, TypeVar
 import gymnasium as gym
 import numpy as np
 
-from envs.formats import (ALL_FORMATS, STRUCTURED, Parsed, format_example, format_prompt,
-                          format_reward, parse)
+from envs.formats import ALL_FORMATS, STRUCTURED, Parsed, format_example, format_prompt, format_reward, parse
 from envs.grid import Pos, Tile, render_rgb
 from envs.judge import make_reasoning_reward
 from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, blanked, observation_space
@@ -325,6 +324,7 @@ def _feedback(parsed: Parsed, checked: list[tuple[str | None, str]], executed: l
         text, why = bad[0]
         return (f"{text!r} is not a valid action ({why}). "
                 f"Executed: {', '.join(executed) or 'nothing'}.")
+    return f"Executed: {', '.join(executed)}."
 
 
 _Factory = TypeVar("_Factory", bound=Callable[..., Any])
@@ -343,4 +343,3 @@ def takes_layer(factory: _Factory) -> _Factory:
              if p.kind is p.KEYWORD_ONLY and p.name not in given]
     factory.__signature__ = own.replace(parameters=params + layer)  # type: ignore[attr-defined]
     return factory
-    return f"Executed: {', '.join(executed)}."

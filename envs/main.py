@@ -4,8 +4,9 @@
         --envs-per-worker 4 [--set key=value ...] [--curve DIR]
 
 The pool's flags are envs/config.py's ``EnvPoolConfig`` fields, the names the run's ``actors``
-group uses (``--env-workers`` is ``actors.env_workers``). ``--env`` is a registry name (envs/registry.py: its configs/env/<name>.yaml gives the defaults)
-or an importable "module:callable"; each ``--set`` overrides one setting, its value read as JSON
+group uses (``--env-workers`` is ``actors.env_workers``). ``--env`` is a registry name
+(envs/registry.py: its configs/env/<name>.yaml gives the defaults) or an importable
+"module:callable"; each ``--set`` overrides one setting, its value read as JSON
 when it parses (numbers, booleans, null, lists), else as a string.
 ``--env-latency-s S`` answers every reset and step S seconds late, as a remote simulator would
 (the wait holds no worker: envs/service.py's ``LatencyEnvClient``), for latency benchmarks.

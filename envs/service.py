@@ -220,7 +220,7 @@ class EnvServer:
         except (CodecError, RequestError) as e:
             self.counters["malformed_requests"] += 1
             reply = {"id": rid, "ok": False, "error": f"malformed request: {e}"}
-        except Exception as e:  # noqa: BLE001 - answer and keep serving; the log has the details
+        except Exception as e:
             log.exception("env service request %r failed", msg if rid is None else rid)
             self.counters["failed_requests"] += 1
             reply = {"id": rid, "ok": False, "error": f"{type(e).__name__}: {e}"}

@@ -5,8 +5,8 @@ numpy only, no process groups. Invariants:
 - rows are right-padded to the longest trajectory; padding has loss_mask False, turn_end False,
   token id ``pad_id``, policy_version -1;
 - reward placement follows VAGEN. Multi-turn reward on: turn t's reward sits on turn t's last
-  token and the final reward is added on the episode's last policy token (the last turn's end). Off: one scalar, the sum of all turn
-  rewards plus the final reward, on the last policy token of the episode;
+  token and the final reward is added on the episode's last policy token (the last turn's end).
+  Off: one scalar, the sum of all turn rewards plus the final reward, on the last policy token of the episode;
 - an optional per-token KL penalty, -kl_coef * (log pi_behaviour - log pi_ref), is added on every
   policy token (VAGEN's KL in the reward, k1 estimator).
 """

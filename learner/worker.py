@@ -36,10 +36,10 @@ from learner.buffer import TrajectoryBuffer
 from learner.config import WorkerConfig
 from learner.trainer import Trainer
 from transport import heap
+from transport.channels import WeightSource, trajectory_source, weight_source
 from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
-from transport.channels import WeightSource, trajectory_source, weight_source
 from transport.security import ServerKeys
 
 log = logging.getLogger(__name__)

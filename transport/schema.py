@@ -30,7 +30,7 @@ Invariants of a Trajectory:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import msgspec

@@ -29,7 +29,6 @@ pyglet.options["headless"] = True  # before miniworld: otherwise pyglet asks for
 from miniworld.entity import COLOR_NAMES, Ball, Box, Key, MeshEnt  # noqa: E402
 from miniworld.miniworld import MiniWorldEnv  # noqa: E402
 from miniworld.opengl import Texture  # noqa: E402
-from miniworld.utils import get_file_path  # noqa: E402
 from pyglet import gl  # noqa: E402
 
 FOV_DEG = 90

@@ -16,8 +16,8 @@ sim_backend="cpu", render_mode="rgb_array")``. The layouts, goals and success ru
   y [0.10, 0.20]; success when both have |x| <= 0.01 m and z <= 0.05 m (on the line x = 0).
 
 Every task also reports its stages, for VAGEN's stage reward (envs/primitive_skill/game.py):
-``evaluate()["stages"]`` holds a boolean per stage (Shape: (1, n stages)), stage n completed now (PlaceTwoCube: red held;
-red on its target and let go; green held with red on target. StackThreeCube: red held; red on
+``evaluate()["stages"]`` holds a boolean per stage (Shape: (1, n stages)), stage n completed now
+(PlaceTwoCube: red held; red on its target and let go; green held with red on target. StackThreeCube: red held; red on
 green and let go; purple held with red on green. AlignTwoCube: red on the line; green on the
 line). VAGEN names the first two tasks' stage keys so that its reward parser never finds them
 (only success counts there); here every task's stages count.
@@ -41,6 +41,7 @@ from mani_skill.utils.building import actors
 from mani_skill.utils.registration import register_env
 from mani_skill.utils.scene_builder.table import TableSceneBuilder
 from mani_skill.utils.structs.pose import Pose
+
 
 def _let_introspection_pass() -> None:
     """trimesh (ManiSkill's) puts a placeholder in place of each missing optional dependency that

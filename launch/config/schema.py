@@ -421,7 +421,9 @@ def to_run_config(cfg) -> RunConfig:
     unknown = _unknown_keys(cfg, RunConfig)
     if unknown:
         raise ValueError(f"unknown config keys {unknown} (docs/config-reference.md lists them all)")
-    return OmegaConf.to_object(cfg)
+    run = OmegaConf.to_object(cfg)
+    assert isinstance(run, RunConfig), type(run)  # the schema registered as run_schema
+    return run
 
 
 def _unknown_keys(node, cls, prefix: str = "") -> list[str]:

@@ -10,7 +10,8 @@ its images' pad runs as the actor's does, and ``generate`` gets the rows' pixel 
 grids and modality ids (M-RoPE positions, computed past the left padding).
 
 Invariants:
-- greedy (``temperature=0``): log-probs are 0 (nothing trains on them); sampled: each token's log-prob is that of the distribution it was drawn from,
+- greedy (``temperature=0``): log-probs are 0 (nothing trains on them); sampled: each token's
+log-prob is that of the distribution it was drawn from,
   log-softmax(logits / temperature) with top-p applied, as vLLM's ``processed_logprobs``;
   every generated token records the batcher's ``version``;
 - an answer ends at the tokenizer's EOS (kept, as the model produced it) or after

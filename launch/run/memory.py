@@ -7,10 +7,10 @@ total counts vLLM's and torch's shared libraries and Ray's shared-memory object 
 Called by the training loop when every process of the run descends from the driver (a Ray
 cluster the run started, or ``topology=local``): it watches the driver and its descendants, and
 with Ray every process in the driver's Ray session (raylet, GCS, Ray workers and their children:
-vLLM engine cores and workers, env workers). Reports peaks per process kind and the peak of the total, for the memory budget, and
-each sample's total per kind, for finding what grows in a long run. CPU seconds (user + system)
-are cumulative per kind since each process started; a process that has exited keeps its last
-sampled reading.
+vLLM engine cores and workers, env workers). Reports peaks per process kind and the peak of the
+total, for the memory budget, and each sample's total per kind, for finding what grows in a
+long run. CPU seconds (user + system) are cumulative per kind since each process started; a
+process that has exited keeps its last sampled reading.
 
 Reading a process's PSS costs the kernel a walk of its page tables (about 2 ms for a torch
 process, ~40 ms a sample for a run's processes), its CPU times microseconds: the training loop

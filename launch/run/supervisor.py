@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-
 from pathlib import Path
 from typing import Any
 

@@ -26,13 +26,16 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Coroutine
+from typing import TYPE_CHECKING, Any, Coroutine
 
 from launch.config.builders import actor_config, warm_start_config, worker_config
 from launch.config.schema import RunConfig
 from launch.model.warm_start import warm_start
 from launch.topology.combine import combine_evaluations, eval_shares, push_timings
 from launch.topology.protocol import PushError
+
+if TYPE_CHECKING:
+    from learner.worker import LearnerWorker  # torch: imported when the learner starts
 
 
 class _ActorLoop:
@@ -60,7 +63,7 @@ class LocalCluster:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        self.learner = None
+        self.learner: LearnerWorker | None = None
         self.actors: list = []
         self.incarnations: list[int] = []
         self._runs: list[concurrent.futures.Future | None] = []
@@ -68,6 +71,24 @@ class LocalCluster:
         self._weights: tuple[str, int] | None = None  # the weight channel's address, its size
         self._name = f"inproc://{cfg.run_name}-{os.getpid()}-{id(self):x}"
         self._environ: dict[str, str | None] = {}  # what start changed, put back by shutdown
+
+    @property
+    def _actor_loop(self) -> _ActorLoop:
+        if self._loop is None:
+            raise RuntimeError("LocalCluster: connect() first (it starts the actors' event loop)")
+        return self._loop
+
+    @property
+    def _learner(self) -> LearnerWorker:
+        if self.learner is None:
+            raise RuntimeError("LocalCluster: start() first (it builds the learner)")
+        return self.learner
+
+    @property
+    def _weight_channel(self) -> tuple[str, int]:
+        if self._weights is None:
+            raise RuntimeError("LocalCluster: start() first (it opens the weight channel)")
+        return self._weights
 
     # --- the cluster ---------------------------------------------------------------------------
     def connect(self) -> bool:
@@ -99,7 +120,7 @@ class LocalCluster:
             self._environ["VLLM_LOGGING_CONFIG_PATH"] = os.environ.get("VLLM_LOGGING_CONFIG_PATH")
             os.environ["VLLM_LOGGING_CONFIG_PATH"] = _engine_log_config(Path(log_dir) / "engine.log")
         self.learner = LearnerWorker(0, 1, worker_config(cfg, model_path))
-        info = self.learner.setup(None, stream_address=f"{self._name}/trajectories",
+        info = self._learner.setup(None, stream_address=f"{self._name}/trajectories",
                                   weight_address=f"{self._name}/weights",
                                   weight_world_size=1 + cfg.actors.num, device=cfg.learner.device)
         self._weights = (info["weight_address"], 1 + cfg.actors.num)
@@ -112,7 +133,7 @@ class LocalCluster:
                 config = dataclasses.replace(config, incarnation=streams[i]["incarnation"],
                                              skip_groups=streams[i]["groups_drawn"])
             self.actors.append(InferenceActor(config))
-            self._loop.call(self.actors[-1].start())
+            self._actor_loop.call(self.actors[-1].start())
         self._join_weight_group()
 
     nodes: dict[str, str] = {}
@@ -146,34 +167,34 @@ class LocalCluster:
 
     # --- the learner ---------------------------------------------------------------------------
     def train_step(self, batch_size: int, timeout_s: float) -> dict[str, float]:
-        return self.learner.train_step(batch_size, timeout_s)
+        return self._learner.train_step(batch_size, timeout_s)
 
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
-        self.learner.save_checkpoint(str(path), extra)
+        self._learner.save_checkpoint(str(path), extra)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        return self.learner.load_checkpoint(str(path))
+        return self._learner.load_checkpoint(str(path))
 
     def save_final(self, run_dir: Path, samples: int) -> None:
-        self.learner.save_hf(str(run_dir / "final-model"))
-        (run_dir / "samples.txt").write_text(self.learner.samples_text(samples))
+        self._learner.save_hf(str(run_dir / "final-model"))
+        (run_dir / "samples.txt").write_text(self._learner.samples_text(samples))
 
     def accounting(self) -> dict[str, dict[str, int]]:
-        return self.learner.accounting()
+        return self._learner.accounting()
 
     # --- the actors ----------------------------------------------------------------------------
     def actor_stats(self) -> list[dict[str, Any]]:
-        return [self._loop.call(a.stats()) for a in self.actors]
+        return [self._actor_loop.call(a.stats()) for a in self.actors]
 
     def set_budgets(self, budgets: list[int]) -> None:
         for actor, budget in zip(self.actors, budgets):
-            self._loop.call(actor.set_episode_budget(budget))
+            self._actor_loop.call(actor.set_episode_budget(budget))
 
     def start_runs(self, indices: list[int] | None = None) -> None:
         if not self._runs:
             self._runs = [None] * len(self.actors)
         for i in range(len(self.actors)) if indices is None else indices:
-            self._runs[i] = self._loop.submit(self.actors[i].run())
+            self._runs[i] = self._actor_loop.submit(self.actors[i].run())
 
     @property
     def running(self) -> bool:
@@ -190,14 +211,15 @@ class LocalCluster:
     def stop_runs(self) -> None:
         if self.running:
             for actor in self.actors:
-                self._loop.call(actor.stop())
+                self._actor_loop.call(actor.stop())
             concurrent.futures.wait([r for r in self._runs if r is not None])
         self._runs = []
 
     def rollout(self, counts: dict[int, int]) -> dict[int, BaseException]:
-        runs = {i: self._loop.submit(self.actors[i].run(num_episodes=n)) for i, n in counts.items()}
+        runs = {i: self._actor_loop.submit(self.actors[i].run(num_episodes=n)) for i, n in counts.items()}
         concurrent.futures.wait(list(runs.values()))
-        return {i: run.exception() for i, run in runs.items() if run.exception() is not None}
+        errors = {i: run.exception() for i, run in runs.items()}
+        return {i: e for i, e in errors.items() if e is not None}
 
     def restart_actor(self, index: int, error: BaseException) -> None:
         """Not here: see the module docstring. The run stops with the actor's error."""
@@ -206,7 +228,7 @@ class LocalCluster:
 
     def evaluate(self, seeds: list[int], pages: int = 0) -> dict[str, Any]:
         shares = eval_shares(seeds, len(self.actors), pages)
-        return combine_evaluations([self._loop.call(a.evaluate(share, record=k))
+        return combine_evaluations([self._actor_loop.call(a.evaluate(share, record=k))
                                     for a, (share, k) in zip(self.actors, shares)])
 
     # --- weights -------------------------------------------------------------------------------
@@ -214,13 +236,13 @@ class LocalCluster:
         """Publish (the in-process channel keeps a copy), then every actor takes it in flight."""
         t0 = time.perf_counter()
         try:
-            published = self.learner.publish_weights()
-        except Exception as e:  # noqa: BLE001 - reported as the push's failure, like a broadcast's
+            published = self._learner.publish_weights()
+        except Exception as e:
             raise PushError(version, {}, [e]) from e
         updates, errors = [], {}
         for i, actor in enumerate(self.actors):
             try:
-                updates.append(self._loop.call(actor.update_weights(version)))
+                updates.append(self._actor_loop.call(actor.update_weights(version)))
             except Exception as e:  # noqa: BLE001 - sorted out by the supervisor
                 errors[i] = e
         if errors:
@@ -228,14 +250,14 @@ class LocalCluster:
         return push_timings(published, updates, lambda: time.perf_counter() - t0)
 
     def reform_weights(self, version: int) -> dict[str, float]:
-        self.learner.reform_weight_group(self._weights[1])
+        self._learner.reform_weight_group(self._weight_channel[1])
         self._join_weight_group()
         return self.push_weights(version)
 
     def _join_weight_group(self) -> None:
-        address, world_size = self._weights
+        address, world_size = self._weight_channel
         for i, actor in enumerate(self.actors):
-            self._loop.call(actor.join_weight_group(address, 1 + i, world_size,
+            self._actor_loop.call(actor.join_weight_group(address, 1 + i, world_size,
                                                     self.cfg.transport.weight_timeout_s))
 
 

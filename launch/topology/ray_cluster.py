@@ -312,12 +312,18 @@ class RayCluster:
     def reform_weights(self, version: int) -> dict[str, float]:
         """A new generation of the weight group, every actor in it, and ``version`` pushed to
         all (the same version again is allowed: a restarted actor needs the current weights)."""
-        ray.get([w.reform_weight_group.remote(self._weights.world_size) for w in self.learners])
+        ray.get([w.reform_weight_group.remote(self._weight_group.world_size) for w in self.learners])
         self._join_weight_group()
         return self.push_weights(version)
 
+    @property
+    def _weight_group(self) -> WeightGroup:
+        if self._weights is None:
+            raise RuntimeError("RayCluster: start() first (it forms the weight group)")
+        return self._weights
+
     def _join_weight_group(self) -> None:
-        g = self._weights
+        g = self._weight_group
         ray.get([a.join_weight_group.remote(g.address, slot.weight_ranks[0], g.world_size, g.timeout_s)
                  for a, slot in zip(self.actors, self._slots)])
 

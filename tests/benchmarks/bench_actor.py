@@ -61,7 +61,6 @@ def actor_rig(model: Path, concurrency: int, max_tokens: int, cores: tuple[int, 
     from envs.pool import EnvPool
     from envs.registry import resolve_config
     from envs.service import LatencyEnvClient, LocalEnvClient
-
     from transport.cores import bind_cores
 
     bind_cores(cores)  # before the env workers start: they inherit it, as the actor's do
@@ -136,8 +135,9 @@ def replay(loop, engine, calls: list, concurrency: int) -> float:
                 params = sampling_params(temperature=1.0, top_p=1.0, detokenize=False,
                                          max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=0)
                 rid = f"raw-{k}-{len(queue)}-{turn}"
-                async for final in engine.generate({"prompt_token_ids": context}, params, rid):
-                    pass
+                final = None
+                async for output in engine.generate({"prompt_token_ids": context}, params, rid):
+                    final = output
                 answer = list(final.outputs[0].token_ids)
                 tokens += len(answer)
                 context = context + answer + list(env_tokens)

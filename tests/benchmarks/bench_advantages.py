@@ -9,6 +9,7 @@ lists once, the fastest form such a loop takes). Prints a Markdown table; `--jso
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -49,8 +50,8 @@ def run(repeats: int) -> list[dict]:
             args = (rewards, values, mask) if name == "masked_gae" else (rewards, values, mask, turn_end)
             for corrected in (False, True):
                 extra = {"log_rho": log_rho} if corrected else {}
-                f_fast = lambda: getattr(fast, name)(*args, **kw, **extra)  # noqa: E731
-                f_slow = lambda: getattr(naive, name)(*args, **kw, **extra)  # noqa: E731
+                f_fast = functools.partial(getattr(fast, name), *args, **kw, **extra)
+                f_slow = functools.partial(getattr(naive, name), *args, **kw, **extra)
                 f_fast()  # warm-up
                 t_fast = _best_of(f_fast, repeats * 5, budget_s=2.0)
                 t_slow = _best_of(f_slow, repeats, budget_s=10.0)

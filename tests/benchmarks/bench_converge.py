@@ -6,8 +6,8 @@ start, in one invocation.
 
 Each mode is a real `launch.run.loop.train` (Ray, vLLM actor, ZeroMQ, gloo broadcast, FSDP learner)
 of the default config from the same model, each at its best here (bench_loop: synchronous with
-the learner's two threads over both cores, asynchronous with a core each), with greedy evals on the default 256 held-out maps
-every ``--eval-every`` steps. Without ``--model`` the default warm start is built first
+the learner's two threads over both cores, asynchronous with a core each), with greedy evals on the
+default 256 held-out maps every ``--eval-every`` steps. Without ``--model`` the default warm start is built first
 (launch.model.warm_start with configs/train.yaml's settings and seed: the same model `make train`
 starts its RL from; about 9 minutes here); pass a `make train` run's ``warm-start`` directory to
 skip that.
@@ -24,8 +24,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from launch.run.metrics import read_records
 from launch.config.compose import compose
+from launch.run.metrics import read_records
 from tests.benchmarks.bench_loop import UNBOUND
 from tests.benchmarks.report import report
 

@@ -90,8 +90,8 @@ def bench_train(trainer, model: dict, args, device: torch.device) -> dict:
     sync()
     step_s = (time.perf_counter() - t0) / args.steps
     tokens = args.batch * args.seq
-    n, l, d, L = model["params"], model["layers"], model["width"], args.seq
-    flops = tokens * ((2 * n + 4 * l * d * L) + (6 * n + 12 * l * d * L))
+    n, layers, d, L = model["params"], model["layers"], model["width"], args.seq
+    flops = tokens * ((2 * n + 4 * layers * d * L) + (6 * n + 12 * layers * d * L))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
     out = {"device": name, "step_s": step_s, "tokens_per_s": tokens / step_s,

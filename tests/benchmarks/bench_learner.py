@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from tests.benchmarks.report import report
 
+
 def _batch(cfg, model_dir: Path, n: int):
     from transformers import AutoTokenizer
 
@@ -154,8 +155,8 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None,
         split: int | None = None) -> tuple[list[dict], list[dict]]:
     import dataclasses
 
-    from launch.model.tiny_model import build_tiny_model
     from launch.config.compose import compose
+    from launch.model.tiny_model import build_tiny_model
     from learner.config import TrainerConfig
     from learner.trainer import Trainer
 

@@ -26,9 +26,9 @@ import json
 import tempfile
 from pathlib import Path
 
+from launch.config.compose import compose
 from launch.run.loop import train
 from launch.run.metrics import read_records
-from launch.config.compose import compose
 from tests.benchmarks.report import report
 
 # Without cores of their own (ray.bind_cores=false) the learner runs 2 threads on both cores,

@@ -16,6 +16,7 @@ the bucket size bounds. Prints a Markdown table; `--json PATH` saves it.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import resource
 import time
@@ -109,7 +110,7 @@ def run(repeats: int) -> list[dict]:
                      for i in range(numel // TENSOR_NUMEL)]
             nbytes = numel * named[0][1].element_size()
             src, dst = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
-            t_copy = _best_of(lambda: dst.copy_(src), repeats * 2)
+            t_copy = _best_of(functools.partial(dst.copy_, src), repeats * 2)
             del src, dst
             for bucket_mib in BUCKETS_MIB:
                 for n in SUBSCRIBERS:

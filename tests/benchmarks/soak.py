@@ -23,8 +23,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from launch.run.metrics import read_records
 from launch.config.compose import compose
+from launch.run.metrics import read_records
 from tests.benchmarks.report import report
 
 WINDOW_S = 300.0

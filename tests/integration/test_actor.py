@@ -4,8 +4,8 @@ FrozenLake EnvPool (1 worker), a TrajectoryReceiver and a WeightPublisher.
 Every test runs on both engines: vLLM's AsyncLLM (its engine core in a child process) and
 actors/local_engine.py's InProcessEngine (the single-process topology's), which must keep the
 same contract. One actor per engine serves the whole module (an engine takes 5-10 s to start);
-its event loop lives in the fixture and each test runs its coroutine on it. Behaviour log-probs are checked token by token
-against transformers' log-softmax on the model of the version each token is labelled with.
+its event loop lives in the fixture and each test runs its coroutine on it. Behaviour log-probs are
+checked token by token against transformers' log-softmax on the model of the version each token is labelled with.
 """
 
 import asyncio

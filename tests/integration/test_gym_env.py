@@ -3,14 +3,15 @@
 No learning signal is asked of it; that every part takes it is. Its moves have three outcomes, so
 there is no solver to demonstrate with, and the run says it goes without a warm start."""
 
+from launch.config.compose import compose
 from launch.run.loop import train
 from launch.run.metrics import read_records
-from launch.config.compose import compose
 
 
 def test_cliff_walking_trains_through_the_adapter(tmp_path, capsys):
     summary = train(compose([
-        "env=gym", "env.id=CliffWalkingSlippery-v1", "topology=local", "train.steps=3", "train.batch_size=8", "train.eval_every=0",
+        "env=gym", "env.id=CliffWalkingSlippery-v1", "topology=local", "train.steps=3", "train.batch_size=8",
+        "train.eval_every=0",
         "train.eval_seeds=4", "learner.critic_warmup=1", "actors.group_size=2",
         "actors.concurrency=8", "actors.envs_per_worker=8", "actors.max_tokens=24",
         "logger.wandb=false",

@@ -19,8 +19,8 @@ def _params(max_tokens: int = 32):
 
 async def _answer(engine, request_id: str, max_tokens: int = 32):
     final = None
-    async for final in engine.generate({"prompt_token_ids": [1, 2, 3, 4]}, _params(max_tokens), request_id):
-        pass
+    async for output in engine.generate({"prompt_token_ids": [1, 2, 3, 4]}, _params(max_tokens), request_id):
+        final = output
     return final
 
 

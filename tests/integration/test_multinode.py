@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from launch.run.loop import train
 from launch.config.compose import compose
+from launch.run.loop import train
 
 
 def test_the_loop_runs_with_the_learner_and_the_actor_on_different_nodes(tmp_path):

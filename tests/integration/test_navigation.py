@@ -166,9 +166,9 @@ def test_demonstrations_succeed_without_noise_and_wander_with_it():
 
 def test_textures_are_decoded_to_the_bytes_pyglet_gives():
     import pyglet
+    from miniworld.utils import get_file_path
 
     from envs.navigation.world import rgba_rows
-    from miniworld.utils import get_file_path
 
     for path in (get_file_path("textures", "stucco_1", "png"), get_file_path("meshes", "duckie", "png")):
         image = pyglet.image.load(path)

@@ -240,13 +240,14 @@ def test_the_structured_format_asks_for_a_dict_and_demonstrations_write_one():
 def test_trimeshs_placeholders_answer_hasattr_and_still_fail_when_used():
     import sys
 
-    import envs.primitive_skill.tasks  # noqa: F401 - patches trimesh's placeholders
     from trimesh.exceptions import ExceptionWrapper
+
+    import envs.primitive_skill.tasks  # noqa: F401 - patches trimesh's placeholders
 
     placeholder = ExceptionWrapper(ModuleNotFoundError("No module named 'manifold3d'"))
     assert not hasattr(placeholder, "__dict__")  # vLLM's scan of module globals asks this
     with pytest.raises(ModuleNotFoundError):
-        placeholder.Manifold
+        _ = placeholder.Manifold
     with pytest.raises(ModuleNotFoundError):
         placeholder()
     for module in list(sys.modules.values()):  # the scan an engine start makes, here in full

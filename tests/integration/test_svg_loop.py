@@ -3,9 +3,9 @@ sees the target icons as images, answers, the learner trains on those image epis
 signal is asked of it; that every part takes the env's images and rewards is, and that each
 evaluation writes its page of episodes with the images the model saw."""
 
+from launch.config.compose import compose
 from launch.run.loop import train
 from launch.run.metrics import read_records
-from launch.config.compose import compose
 
 
 def test_the_svg_env_trains_through_the_loop_with_a_vision_language_model(tmp_path):

@@ -13,9 +13,9 @@ import statistics
 
 import pytest
 
+from launch.config.compose import compose
 from launch.run.loop import train
 from launch.run.metrics import read_records
-from launch.config.compose import compose
 
 SHORT = [
     "train.steps=4", "train.batch_size=8", "train.eval_every=2", "train.eval_seeds=8",

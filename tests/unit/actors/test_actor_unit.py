@@ -10,15 +10,15 @@ import pytest
 
 from actors import actor as actor_mod
 from actors.actor import InferenceActor
-from actors.groups import GROUP_STRIDE, INCARNATION_STRIDE
 from actors.config import ActorConfig
+from actors.groups import GROUP_STRIDE, INCARNATION_STRIDE
 from actors.weight_updates import WeightUpdateError
 from envs.config import EnvPoolConfig
 from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
 from launch.model.tiny_tokenizer import build_tokenizer
-from transport.channels import trajectory_source
 from tests.envs_api import env_reset, env_step
+from transport.channels import trajectory_source
 
 ANSWER = "<think>x</think><answer>Up</answer>"
 

@@ -14,8 +14,8 @@ from actors.demonstrations import make_demonstrations, offsets
 from envs.formats import FORMATS, parse
 from envs.registry import load_config, make, resolve_config
 from launch.model.tiny_tokenizer import build_tokenizer
-from transport.images import collapse_pads
 from tests.envs_api import env_reset, env_step
+from transport.images import collapse_pads
 
 ENVS = ("frozenlake", "sokoban")
 SEEDS = range(12)

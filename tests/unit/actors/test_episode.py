@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from actors.episode import ChatContext, Generation, run_episode, turn_record
-from envs.registry import load_config, make
 from envs.protocol import Observation, StepResult
+from envs.registry import load_config, make
 from envs.wire import EpisodeFailure
 from launch.model.tiny_tokenizer import build_tokenizer
 from tests.envs_api import env_reset, env_step

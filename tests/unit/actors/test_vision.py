@@ -11,9 +11,9 @@ from actors.episode import ChatContext, Generation, run_episode
 from actors.vision import VisionTokens, vllm_prompt
 from envs.registry import load_config
 from launch.model.tiny_model import build_tiny_model
+from tests.envs_api import env_reset, env_step
 from tests.unit.actors.test_episode import OneEnvClient
 from transport.images import decode_image
-from tests.envs_api import env_reset, env_step
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Shared by the grid-game tests: a correct answer, and an env set to a hand-drawn state."""
-from tests.envs_api import env_reset, env_step
+from tests.envs_api import env_reset
 
 
 def answer(actions: list[str]) -> str:

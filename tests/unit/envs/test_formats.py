@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from envs.formats import (FORMATS, STRUCTURED, Parsed, base_format, format_example, format_prompt,
-                          format_reward, parse)
+from envs.formats import FORMATS, STRUCTURED, Parsed, base_format, format_example, format_prompt, format_reward, parse
 
 OBS, REASON, PRED, THINK = "The box is left of me.", "Push it right.", "The box moves right.", "Go on."
 TEXT_FIELDS = ("think", "observation", "reasoning", "prediction", "answer")

@@ -7,9 +7,9 @@ import pytest
 
 from envs.frozenlake import FrozenLake, make_env
 from envs.grid import moved
+from tests.envs_api import env_reset, env_step
 from tests.unit.envs import grid_helpers
 from tests.unit.envs.grid_helpers import answer
-from tests.envs_api import env_reset, env_step
 
 
 def env_at(rows: str, **config):

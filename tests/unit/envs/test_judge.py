@@ -29,7 +29,7 @@ WRONG = "The box is below and to the right of the player. The target is above th
 
 
 class _ChatHandler(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 (http.server's naming)
+    def do_POST(self):
         server = self.server
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         mode = self.path.strip("/").split("/")[0]

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from envs.navigation.game import (PITCH_LIMITS_DEG, Pose, in_view, judge_score, offsets, sector,
-                                  step)
+from envs.navigation.game import PITCH_LIMITS_DEG, Pose, in_view, judge_score, offsets, sector, step
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from envs.protocol import Observation, StepResult
 from envs.registry import make_env
 from envs.service import LocalEnvClient
 from envs.wire import EpisodeFailure, from_wire, to_wire
-from tests.unit.envs.fake_envs import CounterEnv, assert_same
 from tests.envs_api import env_reset, env_step
+from tests.unit.envs.fake_envs import CounterEnv, assert_same
 
 FAKE = "tests.unit.envs.fake_envs:"
 

@@ -23,13 +23,12 @@ import zmq
 from envs.formats import format_example
 from envs.pool import EnvPool
 from envs.registry import load_config, make
-from envs.service import (EnvServer, EnvServiceError, LatencyEnvClient, LocalEnvClient,
-                          RemoteEnvClient)
+from envs.service import EnvServer, EnvServiceError, LatencyEnvClient, LocalEnvClient, RemoteEnvClient
 from envs.wire import EpisodeFailure
+from tests.envs_api import env_reset, env_step
 from tests.unit.envs.fake_envs import CounterEnv, assert_same
 from transport import security
 from transport.codec import decode, encode
-from tests.envs_api import env_reset, env_step
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -9,9 +9,9 @@ import pytest
 
 from envs.grid import MOVES, moved
 from envs.sokoban import Sokoban, make_env
+from tests.envs_api import env_reset, env_step
 from tests.unit.envs import grid_helpers
 from tests.unit.envs.grid_helpers import answer
-from tests.envs_api import env_reset, env_step
 
 
 def env_at(rows: str, **config):

@@ -134,9 +134,8 @@ def test_similarity_is_one_for_the_same_render_symmetric_and_falls_with_the_diff
 @pytest.fixture(scope="module")
 def dino_path(tmp_path_factory):
     """A tiny DINOv2 built here from random weights, saved as a Hugging Face directory."""
-    from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
-
     import torch
+    from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("dino")

@@ -47,7 +47,8 @@ def test_infeasible_requests_say_why():
 def test_random_clusters_never_overcommit():
     rng = random.Random(0)
     for _ in range(300):
-        nodes = [Node(f"n{i}", f"h{i}", rng.choice([2, 4, 16]), rng.choice([0, 0, 1, 8])) for i in range(rng.randint(1, 4))]
+        nodes = [Node(f"n{i}", f"h{i}", rng.choice([2, 4, 16]), rng.choice([0, 0, 1, 8]))
+                 for i in range(rng.randint(1, 4))]
         roles = Roles(learner_ranks=rng.randint(1, 4), learner_gpus=rng.choice([0, 1]),
                       actors=rng.randint(1, 6), engine_workers=rng.randint(1, 2),
                       engine_gpus=rng.choice([0, 1]), env_workers=rng.randint(0, 8))
@@ -125,8 +126,8 @@ def test_a_run_larger_than_the_cluster_says_what_it_asks_for():
 
 
 def test_a_gpu_preset_on_a_cpu_machine_fails_before_anything_starts():
-    from launch.topology.ray_cluster import RayCluster
     from launch.config.compose import compose
+    from launch.topology.ray_cluster import RayCluster
 
     roles = RayCluster(compose(["experiment=vagen_full_sokoban_3b"]))._roles()
     with pytest.raises(PlacementError, match="asks for 8 GPUs"):

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import ray.exceptions
 
-from launch.run import supervisor as sup
 from launch.config.schema import ActorsConfig, LearnerConfig, TrainConfig
+from launch.run import supervisor as sup
 from launch.topology.protocol import PushError
 
 BATCH, GROUP, ACTORS = 8, 4, 2

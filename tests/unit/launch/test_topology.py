@@ -10,10 +10,10 @@ from typing import Protocol
 import pytest
 
 from launch.config.compose import compose
+from launch.run import loop, supervisor
 from launch.topology.combine import combine_evaluations, eval_shares, push_timings, weighted_means
 from launch.topology.factory import make_cluster
 from launch.topology.local_cluster import LocalCluster
-from launch.run import loop, supervisor
 from launch.topology.protocol import Actors, Cluster, Learners, PushError
 from launch.topology.ray_cluster import RayCluster
 

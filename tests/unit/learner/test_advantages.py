@@ -67,7 +67,8 @@ def test_bi_level_gae_hand_computed():
                             gamma_turn=g_turn, lam_token=lam_tok, lam_turn=lam_turn)
     torch.testing.assert_close(adv, _expected({1: a1, 2: a2, 5: a5, 6: a6}), rtol=0, atol=1e-12)
     assert (a1, a5) == pytest.approx((0.938, 0.8))
-    torch.testing.assert_close(ret[0, [1, 2, 5, 6]], torch.tensor([a1 + 0.5, a2 + 0.4, a5 + 0.3, a6 + 0.2], dtype=torch.float64))
+    torch.testing.assert_close(ret[0, [1, 2, 5, 6]],
+                               torch.tensor([a1 + 0.5, a2 + 0.4, a5 + 0.3, a6 + 0.2], dtype=torch.float64))
 
 
 def test_turn_wise_gae_hand_computed():

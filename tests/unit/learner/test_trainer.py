@@ -166,9 +166,9 @@ def test_train_steps_raise_the_rewarded_tokens_probability(model_path, hf_model,
     assert gain[rewarded].mean() > 0.5, gain[rewarded].mean()
     assert gain[mask & ~rewarded].mean() < gain[rewarded].mean() - 0.5
 
-    expected = {"loss/policy", "loss/entropy", "loss/kl", "policy/entropy", "policy/approx_kl", "policy/staleness_mean", "policy/staleness_max",
-                "optim/grad_norm", "rollout/score_mean", "rollout/tokens", "timing/step_s", "timing/prepare_s", "policy/behaviour_kl",
-                "ref/kl_in_reward"}
+    expected = {"loss/policy", "loss/entropy", "loss/kl", "policy/entropy", "policy/approx_kl",
+                "policy/staleness_mean", "policy/staleness_max", "optim/grad_norm", "rollout/score_mean",
+                "rollout/tokens", "timing/step_s", "timing/prepare_s", "policy/behaviour_kl", "ref/kl_in_reward"}
     if loss != "tis":
         expected.add("policy/clip_frac")
     if algorithm != "grpo":

@@ -22,8 +22,8 @@ from envs.registry import load_config
 from launch.model.tiny_model import build_tiny_model
 from learner.config import TrainerConfig
 from learner.trainer import Trainer
-from transport.images import decode_image
 from tests.envs_api import env_reset, env_step
+from transport.images import decode_image
 
 ALGORITHMS = Path(__file__).resolve().parents[3] / "configs" / "algorithm"
 TEMPERATURE = 0.7

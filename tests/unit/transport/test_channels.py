@@ -19,8 +19,16 @@ import pytest
 import torch
 
 from tests.unit.transport.trajectories import make_trajectory
-from transport.channels import (TrajectorySink, TrajectorySource, WeightSink, WeightSource,
-                                trajectory_sink, trajectory_source, weight_sink, weight_source)
+from transport.channels import (
+    TrajectorySink,
+    TrajectorySource,
+    WeightSink,
+    WeightSource,
+    trajectory_sink,
+    trajectory_source,
+    weight_sink,
+    weight_source,
+)
 from transport.codec import CodecError
 from transport.inprocess import InProcessTrajectoryChannel, InProcessWeights
 from transport.stream import TrajectoryReceiver, TrajectorySender

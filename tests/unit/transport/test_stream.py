@@ -11,8 +11,8 @@ import pytest
 import zmq
 
 from tests.unit.transport.trajectories import make_trajectory
-from transport.codec import encode
 from transport import security
+from transport.codec import encode
 from transport.stream import TrajectoryReceiver, TrajectorySender
 
 

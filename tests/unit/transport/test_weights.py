@@ -81,7 +81,7 @@ def _subscriber_main(port, rank, world_size, generation, commands, results):
                 name, _ = next(named)
                 results.put(("ok", rank, version, name, sub.layouts_received))
         sub.close()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the subprocess reports any failure; the test fails with it
         results.put(("crash", rank, traceback.format_exc()))
 
 
@@ -109,7 +109,7 @@ class Cluster:
             proc.start()
             self.subs[rank] = (proc, commands, results)
             self.procs.append(proc)
-        for rank, (result,) in self.collect(ranks=ranks).items():
+        for (result,) in self.collect(ranks=ranks).values():
             assert result[0] == "ready", result
         return [self.subs[rank][0] for rank in ranks]
 
