@@ -23,7 +23,7 @@ class EnvPoolConfig:
     """The same for a batch of resets."""
     start_timeout_s: float = 120.0
     """A worker process that has not built its envs by then failed to start (simulators on a
-    busy host take long: 8 ManiSkill scenes in one worker took over 60 s on 2 busy cores)."""
+    busy host take long: docs/environments.md has what ManiSkill's scenes took)."""
     env_latency_s: float = 0.0
     """Every env reset and step answers this much later, as a remote simulator's would (the wait
     holds no env worker: envs/service.py's LatencyEnvClient); for benchmarks of latency hiding."""

@@ -6,8 +6,8 @@ goal ends the episode, a slippery move goes the intended way or either perpendic
 each, drawn from the lake's generator, seeded by the episode's). The maps are drawn here, not by
 gymnasium's ``generate_random_map``, which always starts top-left with the goal bottom-right:
 VAGEN draws both anywhere, and so does the default job as measured (the same maps and moves as
-before the lake was gymnasium's, checked on 500 seeds). Building the lake's transition table
-costs about 0.15 ms a reset on a 2-core x86 machine, nothing beside an episode's generation.
+before the lake was gymnasium's). Building the lake's transition table at each reset costs
+little beside an episode's generation.
 ``make_env`` wraps the game
 in envs.grid_env.GridEnv, VAGEN's layer (a gymnasium env). Called through envs.registry.
 Invariants (VAGEN's settings are the defaults):

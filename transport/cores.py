@@ -3,7 +3,7 @@
 On a CPU-only node the learner's torch threads and the vLLM worker's OpenMP threads would
 otherwise share cores: vLLM binds its worker to core 0 of its own accord, the learner spreads
 its threads over every core, and its thread on core 0 then holds every parallel region back
-(on the 2-core default the learner's step took 14.3 s that way and 9.5 s with a core each).
+(docs/results.md has the default job's steps both ways).
 The placement (launch/topology/placement.py) hands each CPU-only learner rank and actor its own cores;
 the learner worker and the actor call ``bind_cores`` with them before they start threads or
 child processes, which inherit the binding (the actor's vLLM engine and env workers).

@@ -1,12 +1,13 @@
 """From the run config to each component's arguments: pure mapping, no processes, no files, no
 environment variables.
 
-Called by the topologies (launch/topology/: each component's config), by launch/model/ (the
-warm start's arguments) and by the benchmarks. Each builder takes the ``RunConfig``
-(launch/config/schema.py) and returns what one component takes: the env's keyword arguments,
-the trainer's, a learner rank's, an actor's and its env pool's config dataclasses, the warm
-start's keyword arguments (``warm_start`` is a function). A key of a few choices (a str Enum of
-the schema) reaches a component as its plain word: the components know no schema types."""
+Called by the topologies (launch/topology/: each component's config and the warm start's
+arguments), by launch/model/prepare.py (the env's keyword arguments) and by the benchmarks.
+Each builder takes the ``RunConfig`` (launch/config/schema.py) and returns what one component
+takes: the env's keyword arguments, the trainer's, a learner rank's, an actor's and its env
+pool's config dataclasses, the warm start's keyword arguments (``warm_start`` is a function). A
+key of a few choices (a str Enum of the schema) reaches a component as its plain word: the
+components know no schema types."""
 
 from __future__ import annotations
 

@@ -154,7 +154,8 @@ class ActorsConfig(EnvPoolConfig):
     env_address: Optional[str] = None
     """tcp://host:port of an env service (python -m envs.main) instead of in-process workers."""
     env_curve: Optional[str] = None
-    """Certificates (python -m transport.security DIR) for an env service run with --curve DIR."""
+    """CurveZMQ certificates (python -m transport.security DIR) whose client keys open an env
+    service started with --curve DIR; null: the service takes anyone."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -373,8 +374,9 @@ class RunConfig:
     run_name: str = "run"
     """Names the run directory and the wandb run."""
     storage: str = "runs"
-    """Where run directories go, a local path or a shared filesystem (relative: to where the command
-    starts; under ``ray job submit``, Ray's copy of the working directory, deleted after the job)."""
+    """Where run directories go: a local path or a shared filesystem (relative: to where the
+    command starts, which under ``ray job submit`` is Ray's temporary copy of the working
+    directory, deleted after the job)."""
     env_name: str = "frozenlake"
     """The env group's choice: a registry name (envs/registry.py)."""
     topology: Topology = Topology.ray

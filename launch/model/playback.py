@@ -25,7 +25,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from actors.episode import Generation, judge_scores, run_episode
 from envs.protocol import to_observation, to_step_result
+from envs.registry import make
 
 
 def evaluate_hf(model, tokenizer, env_name: str, env_config: Mapping[str, Any],
@@ -57,9 +59,6 @@ def play(model, tokenizer, env_name: str, env_config: Mapping[str, Any], seeds: 
     ``temperature`` 0 is greedy; ``group_ids`` label the trajectories (GRPO groups); ``version``
     is the policy version the generated tokens record; ``vision`` (actors.vision.VisionTokens):
     a vision-language model's image tokens, needed for envs that render images."""
-    from actors.episode import run_episode
-    from envs.registry import make
-
     envs = InProcessEnvs([make(env_name, **env_config) for _ in seeds])
     batcher = Batcher(model, tokenizer, max_new_tokens, batch_size, live=len(seeds),
                       temperature=temperature, top_p=top_p, version=version, vision=vision)
@@ -111,8 +110,6 @@ class InProcessEnvs:
         return [to_observation(self.envs[s].reset(seed=seed)[0]) for s, seed in zip(slots, seeds)]
 
     async def step(self, slots, texts):
-        from actors.episode import judge_scores
-
         results = [to_step_result(self.envs[s].step(text)) for s, text in zip(slots, texts)]
         for result in results:
             for name, value in judge_scores(result.info["metrics"]).items():
@@ -169,8 +166,6 @@ class Batcher:
 
     def _generate(self, rows: list[list[int]], images: list[list]):
         import torch
-
-        from actors.episode import Generation
 
         device = next(self.model.parameters()).device
         length = max(len(r) for r in rows)

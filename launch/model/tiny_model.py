@@ -22,6 +22,9 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from launch.model.tiny_processor import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE, save_processor_files
+from launch.model.tiny_tokenizer import save_tokenizer
+
 
 @dataclass(frozen=True)
 class TinySizes:
@@ -81,7 +84,6 @@ def _text_config(sizes: TinySizes, ids: dict[str, int]):
 def _vl_config(sizes: TinySizes, ids: dict[str, int]):
     from transformers import Qwen2VLConfig
 
-    from launch.model.tiny_processor import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
 
     # M-RoPE splits the head_dim / 2 rotary frequencies over (t, h, w): 128 -> [16, 24, 24] as in Qwen2-VL.
     half = sizes.hidden_size // sizes.num_heads // 2
@@ -121,8 +123,6 @@ def build_tiny_model(out_dir: str | Path, *, vision: bool = False, seed: int = 0
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
-    from launch.model.tiny_processor import save_processor_files
-    from launch.model.tiny_tokenizer import save_tokenizer
 
     spec = TinySizes(**sizes)
     out = Path(out_dir)

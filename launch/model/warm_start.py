@@ -32,18 +32,18 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from actors.demonstrations import MISTAKES, REASONING, make_demonstrations
+from actors.vision import VisionTokens
 from envs.grid_env import PROMPTS, RENDERS
+from envs.registry import load_config
 from launch.config.cli import add_fields
 from launch.config.compose import compose
 from launch.config.schema import WarmStartConfig
-
-if TYPE_CHECKING:
-    from actors.vision import VisionTokens
+from launch.model.playback import evaluate_hf
 
 EVAL_SEED_OFFSET = 1_000_000
 """The first held-out seed (configs/train.yaml ``train.eval_seed_offset``)."""
@@ -70,9 +70,7 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-    from actors.vision import VisionTokens
-    from launch.model.playback import evaluate_hf
-    from learner.sft import train_sft
+    from learner.sft import train_sft  # torch
     from learner.vision import ImageInputs
 
     if seed_offset + n_seeds > EVAL_SEED_OFFSET:
@@ -161,8 +159,6 @@ def _demonstrate(model_path: str, env_name: str, env_config: dict, seeds: list[i
                  first_index: int, kwargs: dict) -> list:
     from transformers import AutoTokenizer
 
-    from actors.vision import VisionTokens
-
     return make_demonstrations(env_name, env_config, AutoTokenizer.from_pretrained(model_path),
                                seeds, vision=VisionTokens.from_pretrained(model_path),
                                first_index=first_index, **kwargs)
@@ -240,8 +236,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
-    from envs.registry import load_config
-
     overrides = {"format": args.format, "prompt": args.prompt, "render": args.render,
                  "image_size": args.image_size}
     env_config = load_config(args.env) | {k: v for k, v in overrides.items() if v}

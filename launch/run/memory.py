@@ -12,10 +12,10 @@ total, for the memory budget, and each sample's total per kind, for finding what
 long run. CPU seconds (user + system) are cumulative per kind since each process started; a
 process that has exited keeps its last sampled reading.
 
-Reading a process's PSS costs the kernel a walk of its page tables (about 2 ms for a torch
-process, ~40 ms a sample for a run's processes), its CPU times microseconds: the training loop
-takes ``sample_cpu`` at every step, where the learner waits on it, and the memory figures of the
-thread's last ``sample``.
+Reading a process's PSS costs the kernel a walk of its page tables (milliseconds for a torch
+process, tens of them for a run's processes: docs/benchmarks.md), its CPU times far less: the
+training loop takes ``sample_cpu`` at every step, where the learner waits on it, and the memory
+figures of the thread's last ``sample``.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class RayCluster:
         """Attach to ``ray.address`` / RAY_ADDRESS, else start a local cluster. True if started."""
         env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
                     "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        if "HF_HUB_OFFLINE" in os.environ:  # launch/config/builders.py's hub_access: set for local models
+        if "HF_HUB_OFFLINE" in os.environ:  # launch/model/hub.py's hub_access: set for local models
             env_vars["HF_HUB_OFFLINE"] = os.environ["HF_HUB_OFFLINE"]
         address = self.cfg.ray.address or os.environ.get("RAY_ADDRESS")
         if address:
