@@ -193,6 +193,9 @@ class EnvServer:
         self._ctx = zmq.asyncio.Context()
         self._socket = self._ctx.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        # An oversize request is refused by ZeroMQ from its header, never read (the decode's own
+        # bound, below, stays as the second line).
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
         self._curve = None if curve is None else CurveServer(self._socket, curve)
         self._socket.bind(address)
         self.address = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
@@ -257,6 +260,7 @@ class RemoteEnvClient:
         self._ctx = zmq.asyncio.Context()
         self._socket = self._ctx.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
         if curve is not None:
             curve_client(self._socket, curve)
         self._socket.connect(address)

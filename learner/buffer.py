@@ -19,6 +19,8 @@ current policy version. Invariants:
   alone, not grouped) are groups of one;
 - every entry leaves exactly once, taken or dropped, and its bytes go back through ``release``
   (the stream's credit), so memory is bounded by the stream's byte windows;
+- a trajectory the learner cannot train on (learner/door.py) is ``refuse``d: counted as received
+  and dropped (``dropped["refused/<reason>"]``), its bytes released at once;
 - per actor: received == taken + dropped + still buffered (``dropped_by_actor``).
 """
 
@@ -75,7 +77,7 @@ class TrajectoryBuffer:
         self.received: Counter[str] = Counter()
         self.taken: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
-        """By reason: ``stale``, ``partial_group``, ``incomplete_group``."""
+        """By reason: ``stale``, ``partial_group``, ``incomplete_group``, ``refused/<why>``."""
         self.dropped_by_actor: Counter[str] = Counter()
         self.stale_kept = 0
         self.partial_groups_taken = 0
@@ -94,6 +96,14 @@ class TrajectoryBuffer:
         group = self._groups.setdefault(key, _Group(max(trajectory.group_size, 1),
                                                     grouped=trajectory.group_size > 0))
         group.entries.append((actor, trajectory, nbytes))
+
+    def refuse(self, actor: str, reason: str, nbytes: int) -> None:
+        """A received trajectory that never enters the buffer (learner/door.py says why): counted
+        as received and dropped under ``refused/<reason>``, its bytes released at once."""
+        self.received[actor] += 1
+        self.dropped[f"refused/{reason}"] += 1
+        self.dropped_by_actor[actor] += 1
+        self._release(actor, nbytes)
 
     def take(self, n: int, current_version: int) -> list[Trajectory] | None:
         """Whole groups, oldest first, adding up to at least ``n`` fresh-enough trajectories;

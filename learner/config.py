@@ -176,6 +176,9 @@ class WorkerConfig:
     """Rank 0's stream: bytes in flight per actor."""
     weight_timeout_s: float = 120.0
     """A silent peer fails a weight push after this long."""
+    max_tokens: int = 1 << 20
+    """Rank 0's door (learner/door.py): the most tokens a trajectory may hold (the engines'
+    context); a longer one is refused."""
     weight_bucket_bytes: int = 256 << 20
     """The most bytes of one bucket of the weight broadcast (transport/packing.py)."""
 

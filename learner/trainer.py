@@ -77,6 +77,8 @@ class Trainer:
         # A vision-language model: its image processor turns trajectories' images into inputs.
         self.images = ImageInputs(cfg.model_path) if is_vision_config(self.hf_config) else None
         self.policy = self._shard(load_model(self._policy_class(), cfg.model_path))
+        self.vocab_size = int(self.policy.get_input_embeddings().num_embeddings)
+        """The policy's embedding rows: every token id it trains on is below this."""
         self.optim = self._adamw(self.policy, cfg.lr)
         self.entropy_coef = cfg.entropy_coef  # adapted after each step when entropy_target is set
         self.steps_done = 0  # train steps, for critic_warmup (checkpointed)

@@ -25,7 +25,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from learner.buffer import TrajectoryBuffer
 from learner.config import WorkerConfig
+from learner.door import REASONS, Door
 from learner.trainer import Trainer
 from transport import heap
 from transport.channels import WeightSource, trajectory_source, weight_source
@@ -46,11 +47,14 @@ log = logging.getLogger(__name__)
 
 
 class Inbox:
-    """Rank 0's receiving thread: stream -> buffer, with credit returned from this thread only."""
+    """Rank 0's receiving thread: stream -> door -> buffer, with credit returned from this thread
+    only. ``door`` (learner/door.py) refuses what the learner cannot train on, at ``version()``
+    (the learner's policy version now); None: everything the stream accepts enters."""
 
     def __init__(self, address: str, *, max_staleness: int, on_stale: str = "drop",
                  window_bytes: int = 8 << 20, group_size: int = 1, partial_groups: str = "train",
-                 curve: ServerKeys | None = None) -> None:
+                 curve: ServerKeys | None = None, door: Door | None = None,
+                 version: Callable[[], int] = lambda: 0) -> None:
         # tcp:// or inproc://; CurveZMQ keys (transport/security.py) on tcp:// only
         self.receiver = trajectory_source(address, window_bytes=window_bytes, curve=curve)
         self.address = self.receiver.address
@@ -60,6 +64,7 @@ class Inbox:
         self.buffer = TrajectoryBuffer(max_staleness=max_staleness, on_stale=on_stale,
                                        release=lambda actor, n: self._releases.put((actor, n)),
                                        group_size=group_size, partial_groups=partial_groups)
+        self.door, self._version = door, version
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="learner-inbox", daemon=True)
@@ -73,7 +78,11 @@ class Inbox:
                 with self._lock:
                     self.refused = refused
                     for actor, trajectory, nbytes in items:
-                        self.buffer.put(actor, trajectory, nbytes)
+                        refusal = self.door and self.door.refusal(trajectory, self._version())
+                        if refusal:
+                            self._refuse(actor, refusal, nbytes)
+                        else:
+                            self.buffer.put(actor, trajectory, nbytes)
                 while True:
                     try:
                         actor, n = self._releases.get_nowait()
@@ -82,6 +91,12 @@ class Inbox:
                     self.receiver.release(actor, n)
         finally:
             self.receiver.close()
+
+    def _refuse(self, actor: str, reason: str, nbytes: int) -> None:
+        if not any(k.startswith("refused/") for k in self.buffer.dropped):
+            log.warning("refusing a trajectory from %s: %s (logged once; counted as "
+                        "buffer/refused_<reason>)", actor, reason)
+        self.buffer.refuse(actor, reason, nbytes)
 
     def take(self, n: int, version: int, timeout_s: float) -> list[Trajectory] | None:
         """``n`` trajectories within the staleness bound of ``version``, or None at the timeout."""
@@ -110,6 +125,8 @@ class Inbox:
                 "buffer/stale_kept": float(b.stale_kept),
                 "buffer/size": float(len(b)),
                 "buffer/staleness_max": float(max(staleness, default=0)),
+                "buffer/refused": float(sum(b.dropped[f"refused/{r}"] for r in REASONS)),
+                **{f"buffer/refused_{r}": float(b.dropped[f"refused/{r}"]) for r in REASONS},
             }
 
     def per_actor(self) -> dict[str, dict[str, int]]:
@@ -169,7 +186,9 @@ class LearnerWorker:
             self.inbox = Inbox(stream_address or "tcp://127.0.0.1:0",
                                max_staleness=cfg.max_staleness, on_stale=cfg.on_stale,
                                window_bytes=cfg.window_bytes, group_size=cfg.group_size,
-                               partial_groups=cfg.partial_groups, curve=stream_curve)
+                               partial_groups=cfg.partial_groups, curve=stream_curve,
+                               door=Door(self.trainer.vocab_size, cfg.max_tokens),
+                               version=lambda: self.version)
             self.publisher = weight_source(weight_address, world_size=weight_world_size,
                                            backend=backend, timeout_s=cfg.weight_timeout_s,
                                            bucket_bytes=cfg.weight_bucket_bytes)

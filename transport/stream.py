@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 HELLO, TRAJ, WINDOW, CREDIT = b"HELLO", b"TRAJ", b"WINDOW", b"CREDIT"
 HELLO_INTERVAL_S = 1.0
+MAX_CREDIT_FRAME_BYTES = 4096
+"""An actor takes no larger frame: its frames from the learner are a kind and an 8-byte count,
+but ZeroMQ holds its handshake (CurveZMQ's included) to the same limit."""
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5557"
 
 
@@ -60,6 +63,7 @@ class TrajectorySender:
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IDENTITY, f"actor-{actor_id}".encode())
         self._socket.setsockopt(zmq.RCVHWM, 0)  # no credit dropped (TrajectoryReceiver's SNDHWM)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_CREDIT_FRAME_BYTES)  # it takes credit frames only
         if curve is not None:
             curve_client(self._socket, curve)
         self._socket.connect(address)
@@ -145,6 +149,9 @@ class TrajectoryReceiver:
         # frames only). An actor reads its credit only once it has used its window up, so the
         # frames that wait for it are bounded by the trajectories it sent in one window.
         self._socket.setsockopt(zmq.SNDHWM, 0)
+        # A frame over the limit is refused by ZeroMQ from its header, before it is read: the
+        # peer is disconnected (an actor's sender reconnects), nothing of it is allocated here.
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self._curve = None if curve is None else CurveServer(self._socket, curve)
         self._pending: dict[str, int] = {}
         """Released bytes not yet granted back, by actor (see ``release``)."""

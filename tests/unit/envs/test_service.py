@@ -185,6 +185,35 @@ def test_malformed_frames_get_error_replies(server):
         ctx.term()
 
 
+def test_an_oversize_request_is_refused_before_it_is_read(server):
+    """ZMQ_MAXMSGSIZE on the service's socket: a request over MAX_REQUEST_BYTES disconnects its
+    sender (no reply, not even counted as malformed: nothing of it was read) and the service
+    goes on answering."""
+    from envs.service import MAX_REQUEST_BYTES
+
+    ctx = zmq.Context()
+    rogue, sock = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    for s in (rogue, sock):
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVTIMEO, 5000)
+    events = rogue.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    rogue.connect(server.address)
+    sock.connect(server.address)
+    try:
+        sock.send(encode({"op": "stats", "id": 1}))
+        before = decode(sock.recv())["stats"]["malformed_requests"]
+        rogue.send(bytes(MAX_REQUEST_BYTES + 1))
+        assert events.poll(5000), "the oversize sender was not disconnected"
+        sock.send(encode({"op": "stats", "id": 2}))
+        reply = decode(sock.recv())
+        assert reply["id"] == 2 and reply["stats"]["malformed_requests"] == before
+    finally:
+        rogue.disable_monitor()
+        for s in (events, rogue, sock):
+            s.close()
+        ctx.term()
+
+
 def test_req_socket_works(server):
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REQ)

@@ -358,3 +358,31 @@ def test_no_credit_is_lost_while_the_sender_has_not_read_it():
     finally:
         tx.close(flush_s=0)
         rx.close()
+
+
+def test_a_frame_over_the_limit_is_refused_by_zeromq_before_it_is_read():
+    """ZMQ_MAXMSGSIZE: the oversize frame never reaches the receiver's code (no decode, no
+    ``too_large`` count: nothing of it was allocated), its sender is disconnected, and an
+    honest actor's trajectories go on arriving."""
+    rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=1 << 20, max_message_bytes=1 << 20)
+    ctx = zmq.Context.instance()
+    rogue = ctx.socket(zmq.DEALER)
+    rogue.setsockopt(zmq.IDENTITY, b"actor-6")
+    rogue.setsockopt(zmq.LINGER, 0)
+    events = rogue.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    rogue.connect(rx.address)
+    sender = TrajectorySender(rx.address, actor_id=5)
+    try:
+        rogue.send_multipart([b"TRAJ", bytes(2 << 20)])
+        _settle(rx, 0.5)
+        assert events.poll(5000), "the oversize sender was not disconnected"
+        sender.send(make_trajectory(5, 1), timeout_s=10)
+        got = _drain(rx, 1)
+        assert [t.episode_id for _, t, _ in got] == [1]
+        assert not rx.rejected  # refused below the receiver's code: never decoded or counted
+    finally:
+        rogue.disable_monitor()
+        events.close()
+        rogue.close()
+        sender.close(flush_s=0)
+        rx.close()
