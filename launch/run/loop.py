@@ -17,7 +17,8 @@ actors going: it sets their budgets, and replaces one that crashed (between the 
 for a batch, or when a weight push fails) without stopping the run.
 
 Invariants: everything started here is stopped here, on success, on error and on SIGTERM or
-Ctrl-C (which checkpoint first, at the next step boundary; a second Ctrl-C leaves at once);
+Ctrl-C (which checkpoint first, at the next step boundary or, while the learner waits for its
+batch, within a wait slice; a second Ctrl-C leaves at once);
 ``<run dir>/summary.json`` is written in every case. Checkpoints (launch/run/checkpoints.py) are
 written every ``train.checkpoint_every`` steps and at the end. Resuming (``train.resume=<run
 dir>``) continues that run in its directory from its newest checkpoint: the step, the policy
@@ -162,7 +163,9 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
         supervisor.start_runs(step)
     while step < t.steps and not stop.requested:
         t_step = time.perf_counter()
-        metrics = _train_step(cfg, supervisor, step)
+        metrics = _train_step(cfg, supervisor, step, stop)
+        if metrics is None:  # stopped while the learner waited for its batch
+            break
         step += 1
         if step % t.publish_every == 0:
             metrics.update(supervisor.push(step))
@@ -211,10 +214,11 @@ def _evaluate(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: Run
     return record
 
 
-def _train_step(cfg: RunConfig, supervisor: Supervisor, version: int) -> dict[str, float]:
+def _train_step(cfg: RunConfig, supervisor: Supervisor, version: int,
+                stop: Stop) -> dict[str, float] | None:
     """One learner step (after a sync-mode rollout). The learner waits for its batch in slices
-    of WAIT_SLICE_S, between which failed actors are replaced; no batch within
-    ``train.batch_timeout_s`` ends the run."""
+    of WAIT_SLICE_S, between which failed actors are replaced and a stop request is honoured
+    (None: no step was taken); no batch within ``train.batch_timeout_s`` ends the run."""
     if cfg.train.mode == "sync":
         supervisor.rollout(version)
     t0 = time.perf_counter()
@@ -225,6 +229,8 @@ def _train_step(cfg: RunConfig, supervisor: Supervisor, version: int) -> dict[st
         if metrics:
             metrics["timing/wait_batch_s"] += t_slice - t0  # the slices before this one
             return metrics
+        if stop.requested:
+            return None
         if time.perf_counter() - t0 > cfg.train.batch_timeout_s:
             raise RuntimeError(f"no full batch in {cfg.train.batch_timeout_s} s: are the actors producing?")
 

@@ -1,12 +1,17 @@
-"""launch.run.loop.Stop: SIGTERM and a first Ctrl-C ask the loop to stop at the next step boundary;
-a second Ctrl-C raises KeyboardInterrupt; the previous handlers come back on exit."""
+"""launch.run.loop.Stop: SIGTERM and a first Ctrl-C ask the loop to stop at the next step boundary
+(or, while the learner waits for its batch, at the next wait slice); a second Ctrl-C raises
+KeyboardInterrupt; the previous handlers come back on exit."""
 
 import os
 import signal
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
-from launch.run.loop import Stop
+from launch.config.compose import compose
+from launch.run.loop import Stop, _train_step
 
 
 @pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
@@ -19,3 +24,42 @@ def test_first_signal_requests_a_stop_second_ctrl_c_interrupts(first):
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+class _Learners:
+    """A learner that never gets a full batch: each wait returns nothing after ``slice_s``."""
+
+    def __init__(self, slice_s: float) -> None:
+        self.slice_s, self.waits = slice_s, 0
+
+    def train_step(self, batch_size, timeout_s):
+        self.waits += 1
+        time.sleep(self.slice_s)
+        return {}
+
+
+class _Supervisor:
+    def __init__(self, learners) -> None:
+        self.learners, self.checked = learners, 0
+
+    def check(self, version) -> None:
+        self.checked += 1
+
+
+def test_a_stop_is_honoured_while_the_learner_waits_for_its_batch():
+    """With no batch coming (the actors or the env service gone), a stop request ends the
+    wait at the next slice instead of after ``train.batch_timeout_s``: no step is taken."""
+    cfg = compose(["train.batch_timeout_s=3"])  # without the handling: this error after 3 s
+    learners = _Learners(0.05)
+    stop = SimpleNamespace(requested=False)
+    timer = threading.Timer(0.2, lambda: setattr(stop, "requested", True))
+    timer.start()
+    t0 = time.monotonic()
+    assert _train_step(cfg, _Supervisor(learners), 0, stop) is None
+    assert time.monotonic() - t0 < 2 and learners.waits >= 2
+
+
+def test_without_a_stop_no_batch_within_the_timeout_ends_the_run():
+    cfg = compose(["train.batch_timeout_s=0.2"])
+    with pytest.raises(RuntimeError, match="no full batch"):
+        _train_step(cfg, _Supervisor(_Learners(0.05)), 0, SimpleNamespace(requested=False))
