@@ -42,14 +42,28 @@ def _trainables_state(trainables: list) -> dict:
 
 
 def rng_states() -> dict:
-    """This process's torch, numpy and python RNG states."""
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """This process's torch, numpy and python RNG states, as tensors, numbers and strings only:
+    ``torch.load(weights_only=True)`` reads them back, so loading executes no pickle."""
+    numpy_state = np.random.get_state(legacy=False)
+    version, internal, gauss = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"bit_generator": numpy_state["bit_generator"],
+                      "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                      "pos": int(numpy_state["state"]["pos"]),
+                      "has_gauss": int(numpy_state["has_gauss"]), "gauss": float(numpy_state["gauss"])},
+            "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
+                       "gauss": gauss}}
 
 
 def set_rng_states(states: dict) -> None:
+    """Restore what ``rng_states`` returned."""
     torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["python"])
+    n = states["numpy"]
+    np.random.set_state({"bit_generator": n["bit_generator"],
+                         "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
+                         "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
+    p = states["python"]
+    random.setstate((p["version"], tuple(int(x) for x in p["internal"].tolist()), p["gauss"]))
 
 
 def optimizer_fingerprint(optimizers: Iterable[torch.optim.Optimizer], device) -> list[float]:

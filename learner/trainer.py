@@ -33,6 +33,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import replace
@@ -360,19 +361,19 @@ class Trainer:
 
     def save_checkpoint(self, path: str | Path, extra: dict) -> None:
         """Sharded models and optimizers (torch.distributed.checkpoint) under ``path/dcp``,
-        ``extra`` (step, version, ...) in ``path/extra.pt`` by rank 0, and each rank's RNG
-        states (torch, numpy, python) in ``path/rng-<rank>.pt``. Collective."""
+        ``extra`` (step, version, ...: plain JSON data) in ``path/extra.json`` by rank 0, and
+        each rank's RNG states (torch, numpy, python: tensors and numbers) in
+        ``path/rng-<rank>.pt``. Neither executes a pickle when loaded. Collective."""
         path = Path(path)
         checkpoint.save_trainables(list(self._trainables()), path / "dcp")
         torch.save(checkpoint.rng_states(), path / f"rng-{self.rank}.pt")
         fingerprint = self.optimizer_fingerprint()
         if self.rank == 0:
-            torch.save(dict(extra, _trainer={"entropy_coef": self.entropy_coef,
-                                               "steps_done": self.steps_done,
-                                               "value_stats": self.value_norm.stats if self.value_norm else None,
-                                               "optimizer_fingerprint": fingerprint}),
-                       path / "extra.pt")
-        dist.barrier()  # extra.pt exists on return, on every rank
+            own = {"entropy_coef": self.entropy_coef, "steps_done": self.steps_done,
+                   "value_stats": self.value_norm.stats if self.value_norm else None,
+                   "optimizer_fingerprint": fingerprint}
+            (path / "extra.json").write_text(json.dumps(dict(extra, _trainer=own)), encoding="utf-8")
+        dist.barrier()  # extra.json exists on return, on every rank
 
     def load_checkpoint(self, path: str | Path) -> dict:
         """Restore what save_checkpoint wrote; returns its ``extra``, with
@@ -380,12 +381,13 @@ class Trainer:
         (equal when the optimizers came back). Collective."""
         path = Path(path)
         checkpoint.load_trainables(list(self._trainables()), path / "dcp")
-        checkpoint.set_rng_states(torch.load(path / f"rng-{self.rank}.pt", weights_only=False))  # our own file
-        extra = torch.load(path / "extra.pt", weights_only=False)
+        checkpoint.set_rng_states(torch.load(path / f"rng-{self.rank}.pt", weights_only=True))
+        extra = json.loads((path / "extra.json").read_text(encoding="utf-8"))
         own = extra.pop("_trainer")
         self.entropy_coef, self.steps_done = own["entropy_coef"], own["steps_done"]
         if self.value_norm is not None:
-            self.value_norm.stats = own.get("value_stats")
+            stats = own.get("value_stats")
+            self.value_norm.stats = None if stats is None else tuple(stats)
         return {**extra, "optimizer_fingerprint": own["optimizer_fingerprint"],
                 "optimizer_fingerprint_loaded": self.optimizer_fingerprint()}
 

@@ -1,7 +1,7 @@
 """A run's checkpoints on disk, and what resuming a run reads back.
 
 Called by launch/run/loop.py. Layout: ``<run dir>/checkpoints/step-<N>/`` holds what the learner ranks
-write (``learner/trainer.py``: sharded models and optimizers, ``extra.pt``, each rank's RNG
+write (``learner/trainer.py``: sharded models and optimizers, ``extra.json``, each rank's RNG
 states). Invariants:
 - atomic: the ranks write into ``step-<N>.tmp/``, which is renamed to ``step-<N>/`` only once
   every rank has returned, so a crash mid-write leaves no checkpoint that ``latest`` would take
@@ -65,10 +65,13 @@ def latest(run_dir: str | Path) -> Path | None:
 
 
 def read_extra(checkpoint: str | Path) -> dict[str, Any]:
-    """What the driver saved with a checkpoint (step, version, the actors' seed streams)."""
-    import torch
-
-    extra = torch.load(Path(checkpoint) / "extra.pt", weights_only=False)  # our own file
+    """What the driver saved with a checkpoint (step, version, the actors' seed streams): JSON,
+    so reading it executes nothing."""
+    path = Path(checkpoint) / "extra.json"
+    if not path.exists() and (path.parent / "extra.pt").exists():
+        raise ValueError(f"{path.parent} was written by an older version, whose checkpoints held "
+                         "pickles (extra.pt), which are no longer loaded")
+    extra = json.loads(path.read_text(encoding="utf-8"))
     extra.pop("_trainer", None)
     return extra
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
 from launch.run import checkpoints
 from launch.run.metrics import read_records
@@ -100,7 +99,7 @@ def _crash_then_resume(tmp_path: Path, crash) -> tuple[dict, Path, list]:
     assert first.returncode != 0
     newest = checkpoints.latest(run_dir)
     assert newest is not None and len(checkpoints.all_steps(run_dir)) <= 2
-    saved = torch.load(newest / "extra.pt", weights_only=False)
+    saved = checkpoints.read_extra(newest)
     assert max(_train_steps(run_dir)) >= saved["step"] >= 4
 
     second = _launch(run_dir, f"train.resume={run_dir}")

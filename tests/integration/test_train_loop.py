@@ -146,5 +146,5 @@ def test_ctrl_c_checkpoints_and_stops_at_the_next_step(tmp_path, monkeypatch):
     assert summary["interrupted"] and summary["steps"] == 1
     rows = read_records(tmp_path)
     assert [(r["kind"], r["step"]) for r in rows] == [("eval", 0), ("train", 1)]
-    assert (tmp_path / "checkpoints" / "step-000001" / "extra.pt").exists()
+    assert (tmp_path / "checkpoints" / "step-000001" / "extra.json").exists()
     assert json.loads((tmp_path / "summary.json").read_text())["interrupted"]

@@ -9,7 +9,7 @@ from launch.run import checkpoints
 
 def _write(run_dir, step):
     path = checkpoints.staging(run_dir, step)
-    (path / "extra.pt").write_text(str(step))
+    (path / "extra.json").write_text(json.dumps({"step": step}))
     return path
 
 
@@ -26,7 +26,7 @@ def test_commit_is_atomic_and_keeps_the_newest(tmp_path):
     assert sorted(p.name for p in checkpoints.root(tmp_path).iterdir()) == ["step-000006", "step-000010"]
     _write(tmp_path, 10)  # the same step again (the final save after a periodic one)
     assert checkpoints.commit(tmp_path, 10, keep=2).name == "step-000010"
-    assert (checkpoints.latest(tmp_path) / "extra.pt").read_text() == "10"
+    assert checkpoints.read_extra(checkpoints.latest(tmp_path)) == {"step": 10}
     assert len(checkpoints.all_steps(tmp_path)) == 2
     with pytest.raises(ValueError, match="keep"):
         checkpoints.commit(tmp_path, 12, keep=0)
@@ -41,3 +41,14 @@ def test_truncate_keeps_the_records_up_to_the_step(tmp_path):
     assert [(r["kind"], r["step"]) for r in kept] == [("eval", 0), ("train", 1), ("train", 2),
                                                        ("train", 3), ("train", 4), ("eval", 4)]
     assert checkpoints.truncate_records(tmp_path / "none", 4) == 0
+
+
+def test_what_the_driver_reads_back_is_json_and_an_old_pickle_is_refused(tmp_path):
+    path = _write(tmp_path, 3)
+    (path / "extra.json").write_text(json.dumps({"step": 3, "version": 3, "_trainer": {"x": 1}}))
+    assert checkpoints.read_extra(path) == {"step": 3, "version": 3}  # the learner's own part stays
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "extra.pt").write_bytes(b"\x80\x04a pickle")  # never unpickled
+    with pytest.raises(ValueError, match="older version"):
+        checkpoints.read_extra(old)

@@ -299,8 +299,8 @@ def test_checkpoint_round_trip_continues_identically(model_path, hf_model, tmp_p
     trainer.train_step(first, version=0)
     assert trainer.entropy_coef > cfg.entropy_coef  # adapted, so the checkpoint must carry it
     saved = _weights(trainer)
-    rng = torch.get_rng_state()
-    trainer.save_checkpoint(tmp_path / "ckpt", {"step": 1, "rng": rng})
+    streams = [{"incarnation": 1, "groups_drawn": 5}]  # the driver's extra: plain JSON data
+    trainer.save_checkpoint(tmp_path / "ckpt", {"step": 1, "actor_streams": streams})
     draws = torch.rand(3), np.random.rand(3)  # the RNG states come back with the checkpoint
     got_coef = trainer.entropy_coef
     want = trainer.train_step(second, version=1)
@@ -312,7 +312,7 @@ def test_checkpoint_round_trip_continues_identically(model_path, hf_model, tmp_p
     fingerprint = extra.pop("optimizer_fingerprint")
     assert extra.pop("optimizer_fingerprint_loaded") == fingerprint and fingerprint[0] > 0
     assert fingerprint != Trainer(cfg).optimizer_fingerprint()  # a fresh optimizer's differs
-    assert extra.keys() == {"step", "rng"} and torch.equal(extra["rng"], rng)
+    assert extra == {"step": 1, "actor_streams": streams}
     assert extra["step"] == 1 and resumed.entropy_coef == got_coef
     assert all(torch.equal(v, saved[k]) for k, v in _weights(resumed).items())
     got = resumed.train_step(second, version=1)
