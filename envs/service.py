@@ -189,7 +189,10 @@ class EnvServer:
     def __init__(self, client: EnvClient, num_slots: int, address: str = DEFAULT_ADDRESS, *,
                  curve: ServerKeys | None = None) -> None:
         self.client, self.num_slots = client, num_slots
-        self.counters = {"requests": 0, "malformed_requests": 0, "failed_requests": 0}
+        self.counters = {"requests": 0, "malformed_requests": 0, "failed_requests": 0,
+                         "malformed/codec": 0, "malformed/request": 0}
+        """Requests; those refused as malformed (in all, and by kind: not a message of the codec,
+        or not a request this service knows); those whose env call raised."""
         self._ctx = zmq.asyncio.Context()
         self._socket = self._ctx.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -222,6 +225,7 @@ class EnvServer:
             reply = await self._answer(*parse_request(msg, self.num_slots))
         except (CodecError, RequestError) as e:
             self.counters["malformed_requests"] += 1
+            self.counters["malformed/codec" if isinstance(e, CodecError) else "malformed/request"] += 1
             reply = {"id": rid, "ok": False, "error": f"malformed request: {e}"}
         except Exception as e:
             log.exception("env service request %r failed", msg if rid is None else rid)

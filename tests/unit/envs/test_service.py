@@ -214,6 +214,50 @@ def test_an_oversize_request_is_refused_before_it_is_read(server):
         ctx.term()
 
 
+def test_ten_thousand_fuzzed_requests_each_get_one_error_reply_and_one_count(server):
+    """Noise, cut and bit-flipped requests, and well-formed msgpack that is no request: each gets
+    exactly one error reply, is counted once as malformed, by kind, and none reaches an env
+    (no failed request); the service answers a real request afterwards."""
+    rng = random.Random(7)
+    valid = encode({"op": "step", "id": 1, "slots": [0], "texts": ["a"]})
+
+    def fuzz() -> bytes:
+        kind = rng.randrange(4)
+        if kind == 0:
+            return b"\xc1" + rng.randbytes(rng.randrange(0, 200))  # 0xc1: never valid msgpack
+        if kind == 1:
+            return valid[:rng.randrange(0, len(valid))]  # cut short
+        if kind == 2:  # msgpack, but no request: a wrong op, id, slot or shape
+            return rng.choice(BAD_FRAMES[2:])
+        return encode({"op": rng.choice(["step", "reset", "nope"]), "id": "x" * rng.randrange(5)})
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10000)
+    sock.connect(server.address)
+    total, batch = 10_000, 500
+    try:
+        sock.send(encode({"op": "stats", "id": 0}))
+        before = decode(sock.recv())["stats"]
+        for _ in range(total // batch):
+            for _ in range(batch):
+                sock.send(fuzz())
+            replies = [decode(sock.recv()) for _ in range(batch)]
+            assert all(r["ok"] is False and "malformed request" in r["error"] for r in replies)
+        sock.send(encode({"op": "stats", "id": 1}))
+        after = decode(sock.recv())["stats"]
+        assert after["malformed_requests"] - before["malformed_requests"] == total
+        kinds = sum(after[k] - before[k] for k in ("malformed/codec", "malformed/request"))
+        assert kinds == total and after["malformed/codec"] > before["malformed/codec"]
+        assert after["failed_requests"] == before["failed_requests"]
+        sock.send(encode({"op": "ping", "id": 2}))
+        assert decode(sock.recv())["ok"] is True
+    finally:
+        sock.close()
+        ctx.term()
+
+
 def test_req_socket_works(server):
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REQ)

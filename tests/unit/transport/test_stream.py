@@ -386,3 +386,73 @@ def test_a_frame_over_the_limit_is_refused_by_zeromq_before_it_is_read():
         rogue.close()
         sender.close(flush_s=0)
         rx.close()
+
+
+def test_ten_thousand_fuzzed_messages_crash_nothing_and_each_is_counted_once():
+    """Random frames, wrong frame shapes, schema-breaking fields and bit-flipped or cut valid
+    payloads from one rogue socket: the receiver keeps going, every message is either a valid
+    trajectory or one rejection of one kind, and an honest sender is served afterwards."""
+    rx = TrajectoryReceiver("tcp://127.0.0.1:0", window_bytes=1 << 20)
+    ctx = zmq.Context.instance()
+    rogue = ctx.socket(zmq.DEALER)
+    rogue.setsockopt(zmq.IDENTITY, b"actor-8")
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.setsockopt(zmq.SNDHWM, 0)
+    rogue.connect(rx.address)
+    rng = random.Random(1234)
+    good = make_trajectory(8, 0).to_wire()
+    payload = encode(good)
+    broken_fields = [dict(good, schema_version=7), dict(good, flags=good["flags"][:3]),
+                     dict(good, token_ids=b"\x00" * 5), dict(good, turn_rewards=b"\x00" * 3),
+                     dict(good, run_id=17), {k: v for k, v in good.items() if k != "token_ids"}]
+    sent = {"frame": 0, "schema": 0, "other": 0}
+
+    def fuzz() -> list[bytes]:
+        kind = rng.randrange(5)
+        if kind == 0:  # a frame shape the protocol does not have
+            sent["frame"] += 1
+            return rng.choice([[rng.randbytes(rng.randrange(0, 9)) + b"?", payload], [b"TRAJ"],
+                               [b"TRAJ", payload, b"x"], [b"HELLO", b"x"], [b""]])
+        if kind == 1:  # well-formed msgpack that breaks the schema
+            sent["schema"] += 1
+            return [b"TRAJ", encode(rng.choice(broken_fields))]
+        sent["other"] += 1
+        if kind == 2:  # noise
+            return [b"TRAJ", rng.randbytes(rng.randrange(0, 3000))]
+        data = bytearray(payload)
+        if kind == 3:  # a valid payload cut short
+            return [b"TRAJ", bytes(data[:rng.randrange(0, len(data))])]
+        for _ in range(rng.randrange(1, 8)):  # a valid payload with a few bits flipped
+            i = rng.randrange(len(data))
+            data[i] ^= 1 << rng.randrange(8)
+        return [b"TRAJ", bytes(data)]
+
+    total = 10_000
+    try:
+        got = []
+        for n in range(total):
+            rogue.send_multipart(fuzz())
+            if n % 500 == 499:
+                got += rx.poll(0.0, max_messages=1000)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got += rx.poll(0.05, max_messages=1000)
+            rejected = sum(v for k, v in rx.rejected.items() if "/" not in k)
+            if len(got) + rejected == total:
+                break
+        rejected = {k: v for k, v in rx.rejected.items() if "/" not in k}
+        assert len(got) + sum(rejected.values()) == total  # each message once: valid or one kind
+        assert set(rejected) <= {"frame", "codec", "schema"}
+        assert rejected["frame"] == sent["frame"] and rejected["schema"] >= sent["schema"]
+        assert sum(rejected.values()) >= sent["frame"] + sent["schema"]
+        assert sum(rx.rejected[f"{k}/actor-8"] for k in rejected) == sum(rejected.values())
+        sender = TrajectorySender(rx.address, actor_id=3)
+        try:
+            _settle(rx)  # answers its HELLO
+            sender.send(make_trajectory(3, 5), timeout_s=10)
+            assert [t.episode_id for _, t, _ in _drain(rx, 1)] == [5]
+        finally:
+            sender.close(flush_s=0)
+    finally:
+        rogue.close()
+        rx.close()
