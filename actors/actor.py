@@ -340,7 +340,8 @@ class InferenceActor:
     async def join_weight_group(self, address: str, rank: int, world_size: int,
                                 timeout_s: float = 60.0) -> None:
         """Connect the engine's worker to the learner's weight channel at ``address`` (again
-        after a failure): see actors/vllm_extension.py."""
+        after a failure): see actors/vllm_extension.py. Raises ``EngineDead``
+        (actors/weight_updates.py) if the engine is dead: the actor must be replaced."""
         self._require_started()
         await self._weights.join_group(address, rank, world_size, timeout_s)
 
@@ -353,6 +354,8 @@ class InferenceActor:
         old weights if none of the new ones was loaded; if some were (the weights arrive and
         load bucket by bucket), it stays paused (``weights_torn`` counts it) until the next
         complete update. Either way: re-form the group, ``join_weight_group`` and update again.
+        Raises ``EngineDead`` instead, within a second of it, if the engine dies (before or
+        during the update): the actor must be replaced, not asked to join again.
         """
         self._require_started()
         return await self._weights.update(version)

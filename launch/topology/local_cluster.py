@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Coroutine
 
+from actors.weight_updates import EngineDead
 from launch.config.builders import actor_config, warm_start_config, worker_config
 from launch.config.schema import RunConfig
 from launch.model.warm_start import warm_start
@@ -245,8 +246,8 @@ class LocalCluster:
                 updates.append(self._actor_loop.call(actor.update_weights(version)))
             except Exception as e:  # noqa: BLE001 - sorted out by the supervisor
                 errors[i] = e
-        if errors:
-            raise PushError(version, errors, [])
+        if errors:  # a dead engine: the supervisor's restart says this topology has none
+            raise PushError(version, errors, [], {i for i, e in errors.items() if isinstance(e, EngineDead)})
         return push_timings(published, updates, lambda: time.perf_counter() - t0)
 
     def reform_weights(self, version: int) -> dict[str, float]:

@@ -34,6 +34,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.config import ActorConfig
 from actors.engine import cpu_thread_binding
+from actors.weight_updates import EngineDead
 from launch.config.builders import actor_config, warm_start_config, worker_config
 from launch.config.schema import RunConfig
 from launch.model.warm_start import warm_start
@@ -305,7 +306,7 @@ class RayCluster:
         errors = {i: r for i, r in enumerate(results[len(learner_refs):]) if isinstance(r, Exception)}
         learner_errors = [r for r in results[:len(learner_refs)] if isinstance(r, Exception)]
         if errors or learner_errors:
-            dead = {i for i, e in errors.items() if isinstance(e, ray.exceptions.RayActorError)}
+            dead = {i for i, e in errors.items() if is_dead(e)}
             raise PushError(version, errors, learner_errors, dead)
         return push_timings(results[0], results[len(learner_refs):], lambda: time.perf_counter() - t0)
 
@@ -333,6 +334,13 @@ class RayCluster:
                      learner_gpus=cfg.learner.gpus, actors=cfg.actors.num,
                      actor_cpus=cfg.actors.cpus, engine_gpus=cfg.actors.gpus_per_engine,
                      engine_workers=cfg.actors.tp, env_workers=0)
+
+
+def is_dead(error: BaseException) -> bool:
+    """Whether a failed call means the actor must be replaced: its process is gone (Ray's
+    ``RayActorError``), or its engine is (``EngineDead``, which Ray's error wrapping keeps as a
+    type of the error it raises)."""
+    return isinstance(error, (ray.exceptions.RayActorError, EngineDead))
 
 
 def stream_keys(cfg: RunConfig, networked: bool):
