@@ -64,6 +64,18 @@ def latest(run_dir: str | Path) -> Path | None:
     return steps[-1] if steps else None
 
 
+def resume_hint(run_dir: str | Path) -> str | None:
+    """What to run to continue a run that stopped early (an error, a stop request) from its newest
+    checkpoint, or None where it has none."""
+    newest = latest(run_dir)
+    if newest is None:
+        return None
+    step = int(newest.name.split("-")[-1])
+    return (f"checkpoint of step {step} in {newest}; to continue the run: "
+            f'make train ARGS="train.resume={Path(run_dir).resolve()}" '
+            f"(or python -m launch.train train.resume={Path(run_dir).resolve()})")
+
+
 def read_extra(checkpoint: str | Path) -> dict[str, Any]:
     """What the driver saved with a checkpoint (step, version, the actors' seed streams): JSON,
     so reading it executes nothing."""

@@ -106,6 +106,9 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
                              streams=resume["actor_streams"] if resume else None)
             summary["nodes"], summary["stream_curve"] = learners.nodes, learners.stream_secured
             summary.update(_run(cfg, run_dir, supervisor, logger, monitor, stop, resume))
+    except BaseException as e:
+        summary["error"] = f"{type(e).__name__}: {e}"
+        raise
     finally:
         if monitor is not None:
             summary["memory"] = monitor.report()
@@ -114,6 +117,10 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
         logger.plot()
         logger.close()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        if "error" in summary or summary.get("interrupted"):
+            hint = checkpoints.resume_hint(run_dir)
+            if hint:
+                print(hint, flush=True)
     return summary
 
 

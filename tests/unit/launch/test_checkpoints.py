@@ -52,3 +52,12 @@ def test_what_the_driver_reads_back_is_json_and_an_old_pickle_is_refused(tmp_pat
     (old / "extra.pt").write_bytes(b"\x80\x04a pickle")  # never unpickled
     with pytest.raises(ValueError, match="older version"):
         checkpoints.read_extra(old)
+
+
+def test_a_run_that_stopped_early_is_told_how_to_continue(tmp_path):
+    assert checkpoints.resume_hint(tmp_path) is None  # nothing to continue from
+    for step in (10, 20):
+        _write(tmp_path, step)
+        checkpoints.commit(tmp_path, step, keep=2)
+    hint = checkpoints.resume_hint(tmp_path)
+    assert "step 20" in hint and f'make train ARGS="train.resume={tmp_path.resolve()}"' in hint
