@@ -42,6 +42,7 @@ from transport.cores import bind_cores
 from transport.output import redirect_output
 from transport.schema import Trajectory
 from transport.security import ServerKeys
+from transport.weights import listening_store
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,12 @@ class LearnerWorker:
                 raise ValueError(f"an in-process group has one rank, not {self.world_size}")
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
-            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
-                                    rank=self.rank, world_size=self.world_size, timeout=timeout)
+            # Rank 0's store listens on master_addr only (init_method=tcp:// would listen on
+            # every interface of the node).
+            store = (listening_store(master_addr, master_port, cfg.dist_timeout_s) if self.rank == 0
+                     else dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout))
+            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
+                                    timeout=timeout)
         self._objects = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
         cores = bind_cores(cfg.cores)
         heap.keep_freed()  # the stream's messages reuse freed blocks; train_step trims

@@ -128,6 +128,17 @@ class _Member:
         self._store = None
 
 
+def listening_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
+    """A master ``TCPStore`` that listens on ``host`` only (port 0: a free one), on a socket bound
+    there and handed over (the store closes it): given none, TCPStore listens on every interface
+    of the node. The weight group's store and the learner ranks' rendezvous both use it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, port), family=family, backlog=1024)
+    port = listener.getsockname()[1]
+    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s), master_listen_fd=listener.detach())
+
+
 class WeightPublisher(_Member):
     """Learner rank 0: hosts the rendezvous store and broadcasts named tensors from rank 0.
 
@@ -141,13 +152,7 @@ class WeightPublisher(_Member):
     def __init__(self, host: str = "127.0.0.1", port: int = 0, world_size: int = 2, *,
                  backend: str | None = None, timeout_s: float = 60.0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES):
-        # The store listens on ``host`` only, on a socket bound there and handed over (it closes
-        # it with the store): given none, TCPStore listens on every interface of the node.
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.create_server((host, port), family=family, backlog=1024)
-        port = listener.getsockname()[1]
-        store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=timeout_s), master_listen_fd=listener.detach())
+        store = listening_store(host, port, timeout_s)
         super().__init__(store, SOURCE, backend, timeout_s)
         self.port: int = store.port
         self.address = f"tcp://{host}:{self.port}"

@@ -435,3 +435,30 @@ def test_the_store_listens_on_the_publishers_address_only():
     while _listening_on(port) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _listening_on(port)  # the store closed the socket it was handed
+
+
+def test_the_stores_listen_on_their_host_only():
+    """The weight group's store and the learner ranks' rendezvous listen on one address, never
+    on every interface, which a TCPStore given only a host and port does."""
+    from datetime import timedelta
+
+    import psutil
+    import torch.distributed as dist
+
+    from transport.weights import listening_store
+
+    def listening_ips(port: int) -> set[str]:
+        return {c.laddr.ip for c in psutil.Process().net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+    ours = listening_store("127.0.0.1", 0, timeout_s=10)
+    plain = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=10))
+    try:
+        assert listening_ips(ours.port) == {"127.0.0.1"}
+        assert listening_ips(plain.port) & {"0.0.0.0", "::"}  # what the test would catch
+        client = dist.TCPStore("127.0.0.1", ours.port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")
+        assert ours.get("k") == b"v"
+    finally:
+        del ours, plain
