@@ -177,8 +177,9 @@ class WorkerConfig:
     weight_timeout_s: float = 120.0
     """A silent peer fails a weight push after this long."""
     max_tokens: int = 1 << 20
-    """Rank 0's door (learner/door.py): the most tokens a trajectory may hold (the engines'
-    context); a longer one is refused."""
+    """Rank 0's door (learner/door.py): the most tokens a trajectory may hold; a longer one is
+    refused. Not the engines' context: an episode that fills it ends with its last observation
+    in the trajectory, past the context."""
     weight_bucket_bytes: int = 256 << 20
     """The most bytes of one bucket of the weight broadcast (transport/packing.py)."""
 

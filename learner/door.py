@@ -4,7 +4,7 @@ A trajectory that passed the wire's checks (transport/schema.py: types, one leng
 per-token array, masks that nest, finite numbers) can still mean nothing to this learner: a
 token id outside its vocabulary (the embedding lookup would fail mid-step), a first token marked
 as the policy's (there is no logit to score it), a policy version ahead of the learner's (no
-such weights were ever published), more tokens than an episode can hold, an image that does not
+such weights were ever published), more tokens than the learner takes, an image that does not
 decode. Any of these would end the learner's step, and the run with it; at the door each is
 refused with its reason instead, counted, and its sender's credit returned.
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+from PIL import Image, UnidentifiedImageError
+
 from transport.schema import Trajectory
 
 REASONS = ("first_token_policy", "token_out_of_vocab", "future_version", "too_long", "image")
@@ -27,7 +29,7 @@ REASONS = ("first_token_policy", "token_out_of_vocab", "future_version", "too_lo
 @dataclass(frozen=True)
 class Door:
     """The learner's limits: ``vocab_size`` (the policy's embedding rows: ids must be below
-    it) and ``max_tokens`` (the most tokens a trajectory may hold: the engines' context)."""
+    it) and ``max_tokens`` (the most tokens a trajectory may hold)."""
 
     vocab_size: int
     max_tokens: int
@@ -57,8 +59,6 @@ class Door:
 
 def _decodes(png: bytes, width: int, height: int) -> bool:
     """The PNG opens, its checksums hold (``verify``) and it is ``width`` x ``height``."""
-    from PIL import Image, UnidentifiedImageError
-
     try:
         with Image.open(io.BytesIO(png)) as image:
             size = image.size

@@ -107,5 +107,4 @@ def worker_config(cfg: RunConfig, model_path: str) -> WorkerConfig:
         max_staleness=cfg.learner.max_staleness, on_stale=str(cfg.learner.on_stale),
         group_size=cfg.actors.group_size, partial_groups=str(cfg.learner.partial_groups),
         window_bytes=cfg.transport.window_bytes, weight_timeout_s=cfg.transport.weight_timeout_s,
-        max_tokens=cfg.actors.max_context,  # an episode ends before its context is full
         weight_bucket_bytes=int(cfg.transport.weight_bucket_mb * (1 << 20)))
