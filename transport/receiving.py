@@ -10,7 +10,9 @@ Invariants:
   ``Rejected`` with its kind: ``too_large`` (over the receiver's ``max_bytes``, not decoded),
   ``codec`` or ``schema``.
 - ``count_rejected`` counts a rejection under its kind and under ``kind/actor``, and logs only
-  the first of each kind.
+  the first of each kind; past ``MAX_SENDER_KEYS`` keys a new sender's rejections are counted
+  under ``kind/others``, so senders that make up identities cannot grow the counter without
+  bound.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from transport.codec import CodecError
 from transport.schema import SchemaError, Trajectory
 
 log = logging.getLogger(__name__)
+
+MAX_SENDER_KEYS = 4096
+"""The most ``kind/actor`` keys ``count_rejected`` keeps; later senders share ``kind/others``."""
 
 
 class Rejected(Exception):
@@ -50,4 +55,7 @@ def count_rejected(rejected: Counter, kind: str, actor: str, detail: str) -> Non
     if not rejected[kind]:
         log.warning("dropping malformed %s message (logged once per kind): %s", kind, detail)
     rejected[kind] += 1
-    rejected[f"{kind}/{actor}"] += 1
+    key = f"{kind}/{actor}"
+    if key not in rejected and len(rejected) >= MAX_SENDER_KEYS:
+        key = f"{kind}/others"
+    rejected[key] += 1
