@@ -391,8 +391,8 @@ def test_two_ranks_train_like_one(model_path, hf_model, tmp_path):
 
     for i, (overrides, n) in enumerate(TWO_RANK_RUNS):
         want_metrics, want = _run(_two_rank_config(model_path, **overrides), trajectories[:n])
-        metrics0, state0 = torch.load(tmp_path / f"run{i}-rank0.pt", weights_only=False)
-        metrics1, state1 = torch.load(tmp_path / f"run{i}-rank1.pt", weights_only=False)
+        metrics0, state0 = torch.load(tmp_path / f"run{i}-rank0.pt", weights_only=True)
+        metrics1, state1 = torch.load(tmp_path / f"run{i}-rank1.pt", weights_only=True)
         assert state1 == {} and set(state0) == set(want)
         for k, v in state0.items():
             torch.testing.assert_close(v, want[k], atol=1e-5, rtol=0, msg=f"{overrides}: {k}")
