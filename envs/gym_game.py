@@ -37,7 +37,6 @@ seed replays the same episode.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 from collections import deque
@@ -47,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from envs.grid_env import GridEnv, takes_layer
+from envs.registry import load
 
 ACTION_NAMES: dict[str, tuple[str, ...]] = {
     "CliffWalkingEnv": ("Up", "Right", "Down", "Left"),
@@ -191,7 +191,7 @@ def make_env(*, id: str | None = None, entry_point: str | None = None,
     if id is not None:
         env = gym.make(id, **kwargs)
     else:
-        env = _load(entry_point)(**kwargs)
+        env = load(entry_point, "entry_point")(**kwargs)
     if "ansi" not in env.metadata.get("render_modes", ()):
         env.close()
         raise ValueError(f"{id or entry_point} renders no text: 'ansi' is not among its "
@@ -229,8 +229,8 @@ def has_solver(config: Mapping[str, Any]) -> bool:
     id, entry_point = config.get("id"), config.get("entry_point")
     _check_one_of(id, entry_point)
     spec = gym.spec(id) if id is not None else None
-    creator = _load(entry_point) if spec is None else spec.entry_point
-    cls = _load(creator) if isinstance(creator, str) else creator
+    creator = load(entry_point, "entry_point") if spec is None else spec.entry_point
+    cls = load(creator) if isinstance(creator, str) else creator
     if hasattr(cls, "solve"):
         return True
     switch = TABLES.get(getattr(cls, "__name__", ""))
@@ -245,10 +245,3 @@ def _check_one_of(id: str | None, entry_point: str | None) -> None:
         raise ValueError("give the env as exactly one of id (a gymnasium id) or entry_point "
                          f"(module:Class), got id={id!r}, entry_point={entry_point!r}")
 
-
-def _load(entry_point: str):
-    """The class (or function) that ``entry_point`` ("module:Class") names."""
-    module, _, attr = entry_point.partition(":")
-    if not attr:
-        raise ValueError(f"entry_point must be module:Class, got {entry_point!r}")
-    return getattr(importlib.import_module(module), attr)

@@ -78,7 +78,7 @@ def has_solver(name: str, config: Mapping[str, Any]) -> bool:
         return False
     _check_name(name)
     solver = _SOLVERS[name]
-    return solver if isinstance(solver, bool) else bool(_load(solver)(config))
+    return solver if isinstance(solver, bool) else bool(load(solver)(config))
 
 
 def factory_of(name: str) -> Callable[..., Env]:
@@ -87,11 +87,15 @@ def factory_of(name: str) -> Callable[..., Env]:
     if ":" not in name:
         _check_name(name)
         name = _FACTORIES[name]
-    return _load(name)
+    return load(name)
 
 
-def _load(spec: str) -> Any:
-    module, attr = spec.split(":", 1)
+def load(spec: str, name: str = "a factory") -> Any:
+    """The class or function that ``spec`` ("module:Class" or "module:function") names, its
+    module imported; ValueError naming the setting (``name``) for a spec without one."""
+    module, _, attr = spec.partition(":")
+    if not attr:
+        raise ValueError(f"{name} must be module:Class (or module:function), got {spec!r}")
     return getattr(importlib.import_module(module), attr)
 
 
@@ -126,7 +130,7 @@ def make_env(factory: EnvFactory) -> Env:
     """Build one env from a factory spec (the env worker builds each of its envs with it)."""
     name, config = factory
     if ":" in name:
-        return _load(name)(**config)
+        return load(name)(**config)
     return make(name, **config)
 
 
