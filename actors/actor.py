@@ -347,16 +347,8 @@ class InferenceActor:
 
     async def update_weights(self, version: int) -> dict[str, float]:
         """Receive the learner's publish of ``version`` in flight; returns timings in seconds.
-
-        Requests in flight are kept: they pause, and continue on the new weights with their KV
-        recomputed. The learner publishes concurrently (the receive blocks until it does, at most
-        the group's timeout). Raises ``WeightUpdateError`` on failure: generation resumes on the
-        old weights if none of the new ones was loaded; if some were (the weights arrive and
-        load bucket by bucket), it stays paused (``weights_torn`` counts it) until the next
-        complete update. Either way: re-form the group, ``join_weight_group`` and update again.
-        Raises ``EngineDead`` instead, within a second of it, if the engine dies (before or
-        during the update): the actor must be replaced, not asked to join again.
-        """
+        ``WeightUpdates.update`` (actors/weight_updates.py) says how requests in flight pause and
+        continue, and what each failure (``WeightUpdateError``, ``EngineDead``) leaves behind."""
         self._require_started()
         return await self._weights.update(version)
 

@@ -95,6 +95,8 @@ class WeightUpdates:
         old weights if none of the new ones was loaded; if some were (the weights arrive and
         load bucket by bucket), it stays paused (``weights_torn`` counts it) until the next
         complete update. Either way: re-form the group, ``join_group`` and update again.
+        Raises ``EngineDead`` instead, within a second of it, if the engine dies (before or
+        during the update): the actor must be replaced, not asked to join again.
         """
         try:
             return await self._update(version)

@@ -84,7 +84,6 @@ def _text_config(sizes: TinySizes, ids: dict[str, int]):
 def _vl_config(sizes: TinySizes, ids: dict[str, int]):
     from transformers import Qwen2VLConfig
 
-
     # M-RoPE splits the head_dim / 2 rotary frequencies over (t, h, w): 128 -> [16, 24, 24] as in Qwen2-VL.
     half = sizes.hidden_size // sizes.num_heads // 2
     mrope_section = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]

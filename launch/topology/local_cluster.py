@@ -120,10 +120,10 @@ class LocalCluster:
         if log_dir is not None:
             self._environ["VLLM_LOGGING_CONFIG_PATH"] = os.environ.get("VLLM_LOGGING_CONFIG_PATH")
             os.environ["VLLM_LOGGING_CONFIG_PATH"] = _engine_log_config(Path(log_dir) / "engine.log")
-        self.learner = LearnerWorker(0, 1, worker_config(cfg, model_path))
-        info = self._learner.setup(None, stream_address=f"{self._name}/trajectories",
-                                  weight_address=f"{self._name}/weights",
-                                  weight_world_size=1 + cfg.actors.num, device=cfg.learner.device)
+        learner = self.learner = LearnerWorker(0, 1, worker_config(cfg, model_path))
+        info = learner.setup(None, stream_address=f"{self._name}/trajectories",
+                             weight_address=f"{self._name}/weights",
+                             weight_world_size=1 + cfg.actors.num, device=cfg.learner.device)
         self._weights = (info["weight_address"], 1 + cfg.actors.num)
         self.incarnations = [0] * cfg.actors.num
         for i in range(cfg.actors.num):
