@@ -17,8 +17,11 @@ Invariants:
   across episodes is the engine's: each episode keeps one request in flight.
 - Every policy token carries the weight version that sampled it, read from vLLM's per-request
   ``weight_versions`` spans; a weight update in flight therefore splits an answer cleanly.
-- An env failure (crashed or hung worker, env exception, service timeout) loses one episode and
-  is counted by reason; it never stops the actor. Engine errors do propagate out of ``run``.
+- An env failure (crashed or hung worker, env exception, service timeout, a service found down)
+  loses one episode and is counted by reason; it never stops the actor. Engine errors do
+  propagate out of ``run``, and so does ``EnvServicesDown``: with remote envs
+  (envs/failover.py's ``FailoverEnvClient`` over ``env_address``'s services) no service live for
+  ``env_grace_s``. The start needs one service to answer, not all.
 - GRPO groups (actors/groups.py): ``group_size`` consecutive episodes share a seed and a
   ``group_id`` that is unique across actors and restarts (``actor_id * GROUP_STRIDE +
   incarnation * INCARNATION_STRIDE + k``). Seeds come from a stream fixed by (``seed``,
@@ -51,9 +54,10 @@ from actors.episode import EpisodeResult, Generate, Generation, run_episode
 from actors.groups import GroupHolder, GroupStream
 from actors.vision import VisionTokens, vllm_prompt
 from actors.weight_updates import WeightUpdates
+from envs.failover import FailoverEnvClient
 from envs.pool import EnvPool
 from envs.registry import resolve_config
-from envs.service import EnvServiceError, LatencyEnvClient, LocalEnvClient, RemoteEnvClient
+from envs.service import EnvServiceError, LatencyEnvClient, LocalEnvClient
 from transport import heap
 from transport.channels import TrajectorySink, trajectory_sink
 from transport.cores import bind_cores
@@ -63,13 +67,27 @@ from transport.security import read_client
 
 log = logging.getLogger(__name__)
 
-COUNTS = ("episodes_started", "episodes_done", "episodes_failed", "episodes_unsent",
-          "tokens_generated", "weight_updates", "weight_update_failures", "weights_torn")
+COUNTS = ("episodes_started", "episodes_done", "episodes_failed", "episodes_cancelled",
+          "episodes_unsent", "tokens_generated", "weight_updates", "weight_update_failures",
+          "weights_torn")
 """Counters in ``stats()``, next to ``failed/<reason>`` per failure reason, ``episodes_sent``,
-and (whole_groups) ``groups_partial`` and ``episodes_held`` (actors/groups.py)."""
+and (whole_groups) ``groups_partial`` and ``episodes_held`` (actors/groups.py), and (remote
+envs) ``env_services_live`` and ``env_services_down``. Every training episode started ends in
+exactly one of done, failed (with a reason) and cancelled (by ``stop``, or beside an episode
+whose error ended ``run``); every done one is sent, unsent (the actor closed before the learner
+gave credit) or held (its group not ended yet)."""
 TIMES = ("engine_start_s", "generate_s", "env_s", "weights_s", "idle_s")
 """Seconds in ``stats()`` as ``time/<name>``: generate_s / env_s summed over training episodes
 (they overlap), weights_s in ``update_weights``, idle_s with no request in the engine."""
+
+
+EVAL_KEY = 1 << 40
+"""Leads an evaluation episode's sampling key: no training episode's group id reaches it."""
+
+
+def sampling_seed(*key: int) -> int:
+    """A 32-bit sampling seed for the answer named by ``key`` (non-negative ints)."""
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
 
 
 class InferenceActor:
@@ -85,6 +103,7 @@ class InferenceActor:
         self.vision: VisionTokens | None = None  # set with the engine: a VLM's image tokens
         self._weights: WeightUpdates | None = None  # set with the engine, by start
         self._pool: EnvPool | None = None
+        self._services: FailoverEnvClient | None = None  # set by start with remote envs
         self._sender: TrajectorySink | None = None
         self._send_thread = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{self.cfg.actor_id}-send")
         self._slots: asyncio.Queue[int] | None = None
@@ -105,6 +124,8 @@ class InferenceActor:
         self.times: Counter[str] = Counter(dict.fromkeys(TIMES, 0.0))
         self._requests = 0
         self._idle_since = time.perf_counter()
+        self._progress_at = time.perf_counter()
+        """When the engine last yielded output (or took a request while it had none)."""
 
     # --- life cycle ---------------------------------------------------------------------------
     async def start(self) -> dict[str, float]:
@@ -142,7 +163,9 @@ class InferenceActor:
                 self.env = LocalEnvClient(self._pool)
             elif self.env is None:
                 keys = None if cfg.env_curve is None else read_client(cfg.env_curve)
-                self.env = RemoteEnvClient(cfg.env_address, curve=keys)
+                self.env = self._services = FailoverEnvClient(
+                    cfg.env_address, timeout_s=cfg.env_timeout_s, heartbeat_s=cfg.env_heartbeat_s,
+                    grace_s=cfg.env_grace_s, curve=keys)
                 await self._check_remote_slots()
             if cfg.env_pool.env_latency_s:
                 self.env = LatencyEnvClient(self.env, cfg.env_pool.env_latency_s)
@@ -178,7 +201,7 @@ class InferenceActor:
         have = (await self.env.ping())["num_slots"]
         need = self.cfg.env_slot_offset + self.cfg.num_slots
         if have < need:
-            raise ValueError(f"the env service at {self.cfg.env_address} has {have} slots, "
+            raise ValueError(f"an env service of {self.cfg.env_address} has {have} slots, "
                              f"this actor needs slots up to {need}")
 
     async def stop(self) -> None:
@@ -235,7 +258,7 @@ class InferenceActor:
                 await self._room.acquire()
                 seed, group_id = self._stream.next_member()
                 self.counts["episodes_started"] += 1  # before the task runs: the budget sees it
-                tasks.create_task(self._train_episode(seed, group_id))
+                tasks.create_task(self._train_episode(seed, group_id, self._stream.last_member))
 
     async def set_episode_budget(self, budget: int | None) -> None:
         """Allow at most ``budget`` training episodes started and not failed (None: no limit).
@@ -253,9 +276,18 @@ class InferenceActor:
             self._budget_changed.clear()
             await self._budget_changed.wait()
 
-    async def _train_episode(self, seed: int, group_id: int) -> None:
+    async def _train_episode(self, seed: int, group_id: int, member: int) -> None:
         try:
-            result = await self._play(seed, group_id, self.cfg.temperature, self.cfg.top_p)
+            try:
+                result = await self._play(seed, group_id, self.cfg.temperature, self.cfg.top_p,
+                                          key=(group_id, member))
+            except asyncio.CancelledError:
+                self.counts["episodes_cancelled"] += 1
+                raise
+            except Exception as e:  # the engine's error, which ends run: this episode failed with it
+                self.counts["episodes_failed"] += 1
+                self.counts[f"failed/engine_{type(e).__name__}"] += 1
+                raise
             if result.trajectory is None:
                 self.counts["episodes_failed"] += 1
                 self._budget_changed.set()  # a failed episode gives its place in the budget back
@@ -287,11 +319,14 @@ class InferenceActor:
                     return
 
     async def _play(self, seed: int, group_id: int, temperature: float, top_p: float,
-                    logprobs: bool = True, record: list[dict] | None = None) -> EpisodeResult:
+                    logprobs: bool = True, record: list[dict] | None = None, *,
+                    key: tuple[int, ...]) -> EpisodeResult:
+        """One episode; ``key`` (non-negative ints) names it among the run's episodes and seeds
+        its sampling (``_generator``)."""
         slot = await self._slots.get()
         try:
             return await run_episode(
-                self._generator(temperature, top_p, logprobs), self.env, slot, seed, self.tokenizer,
+                self._generator(temperature, top_p, logprobs, key), self.env, slot, seed, self.tokenizer,
                 max_turns=self.cfg.max_turns, max_context=self.cfg.max_context, run_id=self.cfg.run_id,
                 actor_id=self.cfg.actor_id, episode_id=next(self._episode_ids), group_id=group_id,
                 env_name=self.cfg.env_name, vision=self.vision, record=record)
@@ -302,17 +337,25 @@ class InferenceActor:
             self._slots.put_nowait(slot)
 
     # --- generation ---------------------------------------------------------------------------
-    def _generator(self, temperature: float, top_p: float, logprobs: bool) -> Generate:
-        async def generate(ids: list[int], images: list[np.ndarray]) -> Generation:
+    def _generator(self, temperature: float, top_p: float, logprobs: bool,
+                   key: tuple[int, ...]) -> Generate:
+        """One episode's answers. Each answer's sampling is seeded by the actor's seed, the
+        episode's ``key`` and the turn, so an episode played again (a rerun, a resumed run)
+        samples the same tokens wherever the weights and the context are the same."""
+        turns = itertools.count()
+
+        async def generate(ids: list[int], images: list[np.ndarray], room: int) -> Generation:
+            seed = sampling_seed(self.cfg.seed, *key, next(turns)) if temperature > 0 else None
             params = sampling_params(temperature=temperature, top_p=top_p, detokenize=False,
-                                     max_tokens=min(self.cfg.max_tokens, self.cfg.max_context - len(ids)),
-                                     logprobs=0 if logprobs else None)
+                                     max_tokens=min(self.cfg.max_tokens, room),
+                                     logprobs=0 if logprobs else None, seed=seed)
             request_id, final = f"actor{self.cfg.actor_id}-{next(self._request_ids)}", None
             self._busy(+1)
             try:
                 async for output in self.engine.generate(vllm_prompt(ids, images, self.vision),
                                                          params, request_id):
                     final = output  # the stream's last output holds the whole answer
+                    self._progress_at = time.perf_counter()
             finally:
                 self._busy(-1)
             if images and list(final.prompt_token_ids) != ids:
@@ -327,6 +370,7 @@ class InferenceActor:
         now = time.perf_counter()
         if self._requests == 0:
             self.times["idle_s"] += now - self._idle_since
+            self._progress_at = now  # a stall is counted from the first request in flight
         self._requests += delta
         if self._requests == 0:
             self._idle_since = now
@@ -362,8 +406,9 @@ class InferenceActor:
         "turns"}``, each turn actors/episode.py's ``turn_record``."""
         self._require_started()
         turns = [[] if i < record else None for i in range(len(seeds))]
-        results = await asyncio.gather(*(self._play(seed, -1, temperature, 1.0, False, rec)
-                                         for seed, rec in zip(seeds, turns)))
+        results = await asyncio.gather(*(self._play(seed, -1, temperature, 1.0, False, rec,
+                                                    key=(EVAL_KEY, seed, i))
+                                         for i, (seed, rec) in enumerate(zip(seeds, turns))))
         done = [r.metrics for r in results if r.trajectory is not None]
         keys = ["success", "reward", "format_correct", "turns"]
         keys += sorted({k for m in done for k in m if k.endswith("_score")})  # the judge's, if any
@@ -390,9 +435,20 @@ class InferenceActor:
         out["episodes_held"] = held.held if held is not None else 0
         out.update({f"time/{k}": v for k, v in self.times.items()})
         out["time/idle_s"] = idle
+        if self._services is not None:  # remote envs: how many services answer
+            health = self._services.health()
+            out["env_services_live"], out["env_services_down"] = len(health["live"]), len(health["down"])
         if self._pool is not None and not self._closed:  # a remote service's stats are its own
             out.update({f"env/{k}": v for k, v in self._pool.stats().items()})
         return out
+
+    async def liveness(self) -> dict[str, Any]:
+        """Answered by the actor's event loop, so no answer means the loop is blocked. ``stalled_s``:
+        seconds since the engine last yielded output while requests were in flight (0 with none);
+        ``engine_dead``: the engine reports itself dead (its requests will never finish)."""
+        stalled = time.perf_counter() - self._progress_at if self._requests else 0.0
+        return {"requests": self._requests, "stalled_s": round(stalled, 1),
+                "engine_dead": self._weights is not None and self._weights.engine_dead}
 
     def _require_started(self) -> None:
         if not self._started or self._closed:

@@ -1,14 +1,18 @@
 """What an inference actor runs: ``ActorConfig``, built by launch/config/builders.py from the model,
 env and actors config groups, and read by actors/actor.py.
 
-Invariant: a config that constructs is usable: unknown keys, empty pools (envs/config.py's
-``EnvPoolConfig`` checks its own settings), more episodes in flight than env slots, and sampling
-that training cannot learn from raise ValueError.
+Invariants:
+- A config that constructs is usable: unknown keys, empty pools (envs/config.py's
+  ``EnvPoolConfig`` checks its own settings), more episodes in flight than env slots, sampling
+  that training cannot learn from, and env service addresses that are not distinct strings raise
+  ValueError.
+- ``env_address`` is a list once constructed (``env_addresses``, the one place that reads one
+  address or several): [] for the in-process pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -33,10 +37,18 @@ class ActorConfig:
     """The in-process env worker pool (envs/config.py). Its env slots (env_workers x
     envs_per_worker) are this actor's, also with ``env_address``: the slots it takes on the
     shared env service, whose own pool then runs them; ``env_latency_s`` applies either way."""
-    env_address: str | None = None
-    """tcp://host:port of an env service (python -m envs.main) instead of an in-process pool."""
+    env_address: str | list[str] | None = None
+    """tcp://host:port of an env service (python -m envs.main) instead of an in-process pool, or
+    a list of them: every one sized for all actors, an episode goes to any live one
+    (envs/failover.py). Normalised to a list (``env_addresses``); [] is the in-process pool."""
     env_slot_offset: int = 0
-    """First slot this actor owns on a shared env service (remote envs only)."""
+    """First slot this actor owns on a shared env service, the same on each (remote envs only)."""
+    env_timeout_s: float = 30.0
+    """A call to an env service without a reply in this time marks the service down."""
+    env_heartbeat_s: float = 2.0
+    """Each env service is pinged this often; one silent for 3 pings is marked down."""
+    env_grace_s: float = 120.0
+    """With no env service live this long, the actor fails (naming every address)."""
     concurrency: int = 4
     """Training episodes in flight; at most the number of env slots."""
     group_size: int = 1
@@ -90,6 +102,7 @@ class ActorConfig:
     stream where the checkpoint left it (its seeds and group ids), repeating none."""
 
     def __post_init__(self) -> None:
+        self.env_address = env_addresses(self.env_address)
         self.train_seeds = tuple(self.train_seeds)
         self.cores = tuple(self.cores)
         if not self.model_path:
@@ -104,6 +117,9 @@ class ActorConfig:
             raise ValueError(f"engine must be 'async' or 'in_process', got {self.engine!r}")
         if self.env_slot_offset and not self.env_address:
             raise ValueError("env_slot_offset is for a shared env service (env_address)")
+        if min(self.env_timeout_s, self.env_heartbeat_s, self.env_grace_s) <= 0:
+            raise ValueError(f"env_timeout_s, env_heartbeat_s and env_grace_s must be > 0, got "
+                             f"{self.env_timeout_s}, {self.env_heartbeat_s}, {self.env_grace_s}")
         if self.incarnation < 0 or self.skip_groups < 0:
             raise ValueError(f"incarnation and skip_groups must be >= 0, got {self.incarnation}, "
                              f"{self.skip_groups}")
@@ -124,6 +140,19 @@ class ActorConfig:
             _check_keys("env_pool", pool, EnvPoolConfig)
             d = {**d, "env_pool": EnvPoolConfig(**pool)}
         return cls(**d)
+
+
+def env_addresses(value: str | Sequence[str] | None) -> list[str]:
+    """``env_address`` as a list: one address, several (distinct), or none ([]: in-process)."""
+    if value is None:
+        return []
+    wrong = ValueError(f"env_address must be an address or a list of distinct addresses, got {value!r}")
+    if not isinstance(value, (str, Sequence)):
+        raise wrong
+    addresses = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(a, str) and a for a in addresses) or len(set(addresses)) != len(addresses):
+        raise wrong
+    return addresses
 
 
 def _check_keys(what: str, d: Mapping[str, Any], cls: type) -> None:

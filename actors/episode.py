@@ -73,8 +73,9 @@ class Generation:
         return cls(ids, lps, versions, stopped=out.finish_reason == "stop")
 
 
-Generate = Callable[[list[int], list[np.ndarray]], Awaitable[Generation]]
-"""Given the full context's token ids and its images, sample the next answer."""
+Generate = Callable[[list[int], list[np.ndarray], int], Awaitable[Generation]]
+"""Given the full context's token ids, its images and the most tokens the answer may have (the
+context's room, less the end-of-turn an answer cut short is closed with), sample the next answer."""
 
 
 class ChatContext:
@@ -126,6 +127,11 @@ class ChatContext:
         self.turns += 1
         if not gen.stopped:  # truncated: the template's end-of-turn, as environment tokens
             self._extend_env(self._eot)
+
+    @property
+    def reserve(self) -> int:
+        """Tokens an answer cut short is followed by (its end-of-turn): kept free in the context."""
+        return len(self._eot)
 
     def answer_text(self, gen: Generation) -> str:
         return self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
@@ -240,10 +246,13 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
     generated = 0
     for _ in range(max_turns):
         ctx.add_observation(obs.text, obs.images)
-        if len(ctx.token_ids) >= max_context:
+        room = max_context - len(ctx.token_ids) - ctx.reserve
+        if room < 1:
             break
         t = time.perf_counter()
-        gen = await generate(ctx.token_ids, ctx.images)
+        gen = await generate(ctx.token_ids, ctx.images, room)
+        if len(gen.token_ids) > room:
+            raise ValueError(f"an answer of {len(gen.token_ids)} tokens where {room} fit the context")
         gen_s += time.perf_counter() - t
         if vision is not None and vision.special_ids.intersection(gen.token_ids):
             # An image placeholder the model wrote would be read as an image: not trainable.

@@ -36,6 +36,8 @@ class GroupStream:
         """Groups of this incarnation's stream drawn so far (a resumed run's skipped ones too)."""
         self._first_id = actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE
         self._seed, self._group_id, self._member = 0, 0, 0
+        self.last_member = 0
+        """The place in its group of the member ``next_member`` returned last."""
 
     def next_member(self) -> tuple[int, int]:
         """The next episode's (seed, group_id)."""
@@ -43,6 +45,7 @@ class GroupStream:
             self._seed = int(self._rng.integers(*self.train_seeds))
             self._group_id = self._first_id + self.drawn
             self.drawn += 1
+        self.last_member = self._member
         self._member = (self._member + 1) % self.group_size
         return self._seed, self._group_id
 

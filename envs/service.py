@@ -1,8 +1,8 @@
 """The env client interface actors use, and the env service that serves a pool over ZeroMQ.
 
 Callers: actors hold an ``EnvClient`` and nothing else: ``LocalEnvClient`` around an in-process
-``EnvPool`` (envs/pool.py), or ``RemoteEnvClient`` talking to an ``EnvServer`` that envs/main.py
-runs in its own process.
+``EnvPool`` (envs/pool.py), or envs/failover.py's ``FailoverEnvClient`` over one
+``RemoteEnvClient`` per ``EnvServer`` (each run by envs/main.py in its own process).
 
 Wire: one msgpack frame per message (transport/codec.py). Request ``{"op", "id": int, ...}`` with
 op reset (slots, seeds), step (slots, texts), system_prompt / state_text (slot), stats, ping.

@@ -21,14 +21,17 @@ current policy version. Invariants:
   (the stream's credit), so memory is bounded by the stream's byte windows;
 - a trajectory the learner cannot train on (learner/door.py) is ``refuse``d: counted as received
   and dropped (``dropped["refused/<reason>"]``), its bytes released at once;
-- per actor: received == taken + dropped + still buffered (``dropped_by_actor``).
+- per actor: received == taken + dropped + still buffered (``dropped_by_actor``);
+- a resumed run continues the counters of its checkpoint (``counters`` / ``carry``), in which
+  what was buffered when it was written counts as dropped (``dropped["resumed"]``): the
+  buffer itself is not saved.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from transport.schema import Trajectory
 
@@ -84,6 +87,22 @@ class TrajectoryBuffer:
 
     def __len__(self) -> int:
         return self._size
+
+    def counters(self) -> dict[str, Any]:
+        """The counters as plain data, for a checkpoint; what is buffered now counts as dropped
+        under ``resumed`` (a resumed run starts with an empty buffer)."""
+        buffered = Counter(actor for g in self._groups.values() for actor, _, _ in g.entries)
+        return {"received": dict(self.received), "taken": dict(self.taken),
+                "dropped": dict(self.dropped + Counter(resumed=self._size)),
+                "dropped_by_actor": dict(self.dropped_by_actor + buffered),
+                "stale_kept": self.stale_kept, "partial_groups_taken": self.partial_groups_taken}
+
+    def carry(self, saved: dict[str, Any]) -> None:
+        """Continue from ``counters()`` of a checkpoint (added to these)."""
+        for name in ("received", "taken", "dropped", "dropped_by_actor"):
+            getattr(self, name).update(saved[name])
+        self.stale_kept += saved["stale_kept"]
+        self.partial_groups_taken += saved["partial_groups_taken"]
 
     def put(self, actor: str, trajectory: Trajectory, nbytes: int) -> None:
         self.received[actor] += 1

@@ -14,11 +14,13 @@ Invariants:
   a trajectory's staleness is measured against it when its batch is taken;
 - every rank trains on the same list of trajectories, broadcast from rank 0 over a gloo group
   (objects are trusted here: they were validated when they came off the wire);
-- accounting, per actor: received == taken + dropped + buffered (see learner/buffer.py).
+- accounting, per actor: received == taken + dropped + buffered (see learner/buffer.py), across
+  resumes too (a checkpoint carries the counters).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -39,12 +41,22 @@ from learner.trainer import Trainer
 from transport import heap
 from transport.channels import WeightSource, trajectory_source, weight_source
 from transport.cores import bind_cores
+from transport.liveness import Activity
 from transport.output import redirect_output
 from transport.schema import Trajectory
 from transport.security import ServerKeys
 from transport.weights import listening_store
 
 log = logging.getLogger(__name__)
+
+
+def _reported(method):
+    """Mark a driver's call as this rank's current op while it runs (``LearnerWorker.liveness``)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self.activity.doing(method.__name__):
+            return method(self, *args, **kwargs)
+    return call
 
 
 class Inbox:
@@ -114,7 +126,7 @@ class Inbox:
             b = self.buffer
             staleness = b.staleness(version)
             return {
-                "stream/received": float(sum(self.receiver.received.values())),
+                "stream/received": float(sum(b.received.values())),  # the checkpoint's too
                 "stream/rejected": float(sum(v for k, v in self.receiver.rejected.items() if "/" not in k)),
                 "stream/refused": float(sum(self.refused.values())),
                 "buffer/taken": float(sum(b.taken.values())),
@@ -122,6 +134,7 @@ class Inbox:
                 "buffer/dropped_stale": float(b.dropped["stale"]),
                 "buffer/dropped_partial_group": float(b.dropped["partial_group"]),
                 "buffer/dropped_incomplete_group": float(b.dropped["incomplete_group"]),
+                "buffer/dropped_resumed": float(b.dropped["resumed"]),
                 "buffer/partial_groups": float(b.partial_groups_taken),
                 "buffer/stale_kept": float(b.stale_kept),
                 "buffer/size": float(len(b)),
@@ -133,8 +146,16 @@ class Inbox:
     def per_actor(self) -> dict[str, dict[str, int]]:
         with self._lock:
             b = self.buffer
-            return {a: {"received": self.receiver.received[a], "taken": b.taken[a],
-                        "dropped": b.dropped_by_actor[a]} for a in self.receiver.received}
+            return {a: {"received": b.received[a], "taken": b.taken[a],
+                        "dropped": b.dropped_by_actor[a]} for a in b.received}
+
+    def counters(self) -> dict[str, Any]:
+        with self._lock:
+            return self.buffer.counters()
+
+    def carry(self, saved: dict[str, Any]) -> None:
+        with self._lock:
+            self.buffer.carry(saved)
 
     def close(self) -> None:
         self._stop.set()
@@ -153,7 +174,15 @@ class LearnerWorker:
         self.publisher: WeightSource | None = None
         self._objects = None
         self._last_batch: list[Trajectory] = []
+        self.activity = Activity()
 
+    def liveness(self, stacks: bool = False) -> dict[str, Any]:
+        """This rank's op now and for how long (transport/liveness.py), with every thread's
+        stack if asked. The Ray topology calls it on a concurrency group of its own, so it is
+        answered while a call hangs."""
+        return {"rank": self.rank, **self.activity.report(stacks)}
+
+    @_reported
     def setup(self, master_addr: str | None, master_port: int = 0, *,
               stream_address: str | None = None, weight_address: str = "tcp://127.0.0.1:0",
               weight_world_size: int = 1, device: str = "cpu",
@@ -206,6 +235,7 @@ class LearnerWorker:
             s.bind(("", 0))
             return s.getsockname()[1]
 
+    @_reported
     def train_step(self, batch_size: int, timeout_s: float) -> dict[str, float]:
         """Take ``batch_size`` trajectories (rank 0), share them, train; collective.
 
@@ -220,6 +250,7 @@ class LearnerWorker:
         trajectories = box[0]
         if trajectories is None:
             return {}
+        self.activity.op = "train_step (training on its batch)"
         waited = time.perf_counter() - t0
         metrics = self.trainer.train_step(trajectories, self.version)
         self.version += 1
@@ -234,6 +265,7 @@ class LearnerWorker:
             metrics.update(self.inbox.stats(self.version))
         return metrics
 
+    @_reported
     def publish_weights(self) -> dict[str, float]:
         """Broadcast the current weights as ``self.version``; collective over the learner ranks
         (each tensor is gathered from its shards as the broadcast reaches it, in buckets of
@@ -249,6 +281,7 @@ class LearnerWorker:
         return {"weights/publish_s": time.perf_counter() - t0,
                 "weights/version": float(self.version)}
 
+    @_reported
     def reform_weight_group(self, world_size: int) -> int:
         """After a failed push or an actor restart: a new generation of the weight group."""
         return self.publisher.reform(world_size) if self.publisher is not None else -1
@@ -256,13 +289,29 @@ class LearnerWorker:
     def accounting(self) -> dict[str, dict[str, int]]:
         return self.inbox.per_actor() if self.inbox is not None else {}
 
+    @_reported
     def save_checkpoint(self, path: str, extra: Mapping[str, Any]) -> None:
-        self.trainer.save_checkpoint(path, {**extra, "version": self.version})
+        """The trainer's checkpoint with ``extra``, the version, and rank 0's buffer counters
+        (learner/buffer.py: what is buffered counts as dropped on resume)."""
+        own = {"buffer": self.inbox.counters()} if self.inbox is not None else {}
+        self.trainer.save_checkpoint(path, {**extra, "version": self.version, **own})
 
+    @_reported
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         extra = self.trainer.load_checkpoint(path)
         self.version = int(extra["version"])
+        if self.inbox is not None and "buffer" in extra:
+            self.inbox.carry(extra["buffer"])
         return extra
+
+    def read_probe(self, path: str) -> str | None:
+        """The text of the file at ``path`` as this rank's node sees it, None where it cannot
+        read one: the driver checks that every rank sees the checkpoint directory it writes."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except OSError:
+            return None
 
     def samples_text(self, n: int) -> str:
         """The first ``n`` trajectories of the last batch as readable text: the model's tokens
@@ -274,6 +323,7 @@ class LearnerWorker:
         tok = AutoTokenizer.from_pretrained(self.trainer.cfg.model_path)
         return "\n\n".join(_readable(t, tok) for t in self._last_batch[:n])
 
+    @_reported
     def save_hf(self, path: str) -> None:
         self.trainer.save_hf(path)
 

@@ -78,8 +78,9 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
     return ActorConfig(
         actor_id=index, run_id=cfg.run_name, model_path=model_path,
         env_name=cfg.env_name, env_config=env_config(cfg), env_pool=env_pool_config(cfg),
-        env_address=ac.env_address, env_curve=ac.env_curve,
-        # actors sharing one env service take disjoint slot ranges of it
+        env_address=ac.env_address, env_curve=ac.env_curve, env_timeout_s=ac.env_timeout_s,
+        env_heartbeat_s=ac.env_heartbeat_s, env_grace_s=ac.env_grace_s,
+        # actors sharing env services take disjoint slot ranges, the same on each service
         env_slot_offset=index * ac.num_slots if ac.env_address else 0,
         concurrency=ac.concurrency, group_size=ac.group_size,
         whole_groups=cfg.algorithm.estimator == "grpo",  # GRPO batches take whole groups

@@ -151,8 +151,21 @@ class ActorsConfig(EnvPoolConfig):
     """The engine's max_model_len: an episode ends when its context is full."""
     kv_cache_bytes: int = 268435456
     """The engine's KV cache size; always explicit (on CPU vLLM would take most of the RAM)."""
-    env_address: Optional[str] = None
-    """tcp://host:port of an env service (python -m envs.main) instead of in-process workers."""
+    # Any, not Optional[str]: OmegaConf has no str-or-list type. actors/config.py's env_addresses
+    # checks it (here, so that composing fails on a bad value) and makes it a list.
+    env_address: Any = None
+    """tcp://host:port of an env service (python -m envs.main) instead of in-process workers, or
+    a list of them ([tcp://a:1, tcp://b:2]): each sized for all actors (every actor's slots on
+    each), an episode goes to a live one and a service that goes down ends only its episodes."""
+    env_timeout_s: float = 30.0
+    """A call to an env service without a reply in this time marks the service down."""
+    env_heartbeat_s: float = 2.0
+    """Each env service is pinged this often; one silent for 3 pings is marked down (its
+    episodes fail as service_down) and probed with backoff (0.5 s doubling to 8 s) until it
+    answers again."""
+    env_grace_s: float = 120.0
+    """With no env service answering this long (at an actor's start too), the actor fails with an
+    error naming every address; meanwhile new episodes wait."""
     env_curve: Optional[str] = None
     """CurveZMQ certificates (python -m transport.security DIR) whose client keys open an env
     service started with --curve DIR; null: the service takes anyone."""
@@ -169,6 +182,11 @@ class ActorsConfig(EnvPoolConfig):
         if self.concurrency > self.num_slots:
             raise ValueError(f"actors.concurrency {self.concurrency} exceeds the {self.num_slots} "
                              "env slots")
+        from actors.config import env_addresses
+
+        env_addresses(self.env_address)
+        if min(self.env_timeout_s, self.env_heartbeat_s, self.env_grace_s) <= 0:
+            raise ValueError("actors: env_timeout_s, env_heartbeat_s and env_grace_s must be > 0")
 
     @property
     def tp(self) -> int:
@@ -299,7 +317,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     """The newest k checkpoints are kept."""
     resume: Optional[str] = None
-    """A run directory: continue that run from its newest checkpoint."""
+    """A run directory: continue that run from its newest checkpoint that verifies."""
+    allow_config_change: bool = False
+    """Resume even where the config differs from the checkpoint's in keys that change what is
+    trained (any but launch/run/checkpoints.py's RESUMABLE_CHANGES: train.steps, logger.*, ...),
+    warning with the list of changes; false: such a resume fails, listing them."""
     save_samples: int = 4
     """Trajectories written as readable text at the end."""
 
@@ -352,6 +374,26 @@ class RayConfig:
     """CPUs of the local cluster; null: all."""
     bind_cores: bool = True
     """CPU-only learner ranks and actors get cores of their own (launch/topology/placement.py)."""
+    call_timeout_s: float = 120.0
+    """Deadline of a short call on an actor or a learner rank (stats, budgets, stop, liveness).
+    An actor past a deadline is killed and replaced; a learner rank past one stops the run with
+    a report of what each rank was doing and its stacks (the last checkpoint stays)."""
+    start_timeout_s: float = 1200.0
+    """Deadline of starting an actor (its engine and env pool) or a learner rank."""
+    step_timeout_s: float = 1800.0
+    """Deadline of one learner step beyond its wait for the batch, of a weight push, of joining
+    the weight group, of a checkpoint's save or load, and of a sync-mode rollout."""
+    eval_timeout_s: float = 3600.0
+    """Deadline of an evaluation."""
+    stall_s: float = 900.0
+    """An actor whose engine has requests in flight and yielded no output for this long is hung:
+    killed and replaced (0: never)."""
+
+    def __post_init__(self) -> None:
+        deadlines = (self.call_timeout_s, self.start_timeout_s, self.step_timeout_s, self.eval_timeout_s)
+        if min(deadlines) <= 0 or self.stall_s < 0:
+            raise ValueError("ray: every *_timeout_s must be > 0 and stall_s >= 0, got "
+                             f"{deadlines} and {self.stall_s}")
 
 
 @dataclass

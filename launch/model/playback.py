@@ -131,9 +131,10 @@ class Batcher:
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
         self.pending: list = []
 
-    async def generate(self, ids: list[int], images: Sequence = ()):
+    async def generate(self, ids: list[int], images: Sequence = (), room: int | None = None):
+        """The answer to ``ids`` (and its ``images``), at most ``room`` tokens (and max_new_tokens)."""
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((ids, list(images), future))
+        self.pending.append((ids, list(images), room, future))
         self._flush()
         return await future
 
@@ -148,7 +149,8 @@ class Batcher:
         self.pending = []
         for i in range(0, len(pending), self.batch_size):
             chunk = pending[i:i + self.batch_size]
-            gens = self._generate([ids for ids, _, _ in chunk], [ims for _, ims, _ in chunk])
+            gens = self._generate([ids for ids, *_ in chunk], [ims for _, ims, *_ in chunk],
+                                  [room for *_, room, _ in chunk])
             for (*_, future), gen in zip(chunk, gens):
                 future.set_result(gen)
 
@@ -164,7 +166,7 @@ class Batcher:
         return {"pixel_values": px["pixel_values"], "image_grid_thw": px["image_grid_thw"],
                 "mm_token_type_ids": (ids == self.vision.pad_id).long()}
 
-    def _generate(self, rows: list[list[int]], images: list[list]):
+    def _generate(self, rows: list[list[int]], images: list[list], rooms: list[int | None]):
         import torch
 
         device = next(self.model.parameters()).device
@@ -191,6 +193,9 @@ class Batcher:
         for b, row in enumerate(new.tolist()):
             stopped = self.eos in row
             row = row[:row.index(self.eos) + 1] if stopped else row
+            room = rooms[b]
+            if room is not None and len(row) > room:  # cut at the context's room
+                row, stopped = row[:room], False
             lps = picked[b][:len(row)] if sample else [0.0] * len(row)
             gens.append(Generation(row, lps, [self.version] * len(row), stopped=stopped))
         return gens

@@ -4,10 +4,15 @@ demonstrations.
 
 Called by the training loop (launch/run/loop.py) before the processes start; the warm start
 itself runs where the topology puts it (``Cluster.warm_start``).
+
+Invariant: a model folder in the run directory is complete or absent: each is written into
+``<name>.tmp/`` and renamed into place when done, so a run stopped half-way (a stop request
+abandons the warm start) never resumes from a partial model.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,10 +27,8 @@ def prepare_model(cfg: RunConfig, run_dir: Path,
     by ``run_warm_start(model path, out dir)`` unless disabled or already in <run dir>/warm-start."""
     path = cfg.model.path
     if path is None:
-        base = run_dir / "tiny-model"
-        if not (base / "config.json").exists():
-            build_tiny_model(base, seed=cfg.model.build_seed, vision=cfg.model.vision)
-        path = str(base)
+        path = str(_built(run_dir / "tiny-model", lambda out: build_tiny_model(
+            out, seed=cfg.model.build_seed, vision=cfg.model.vision)))
     _check_sees_images(cfg, str(path))
     if not cfg.warm_start.enabled:
         return str(path)
@@ -33,12 +36,24 @@ def prepare_model(cfg: RunConfig, run_dir: Path,
         print(f"warm start off: the {cfg.env_name} env has no solver to make demonstrations with "
               "(warm_start.enabled=false says so quietly)", flush=True)
         return str(path)
-    out = run_dir / "warm-start"
-    if (out / "config.json").exists():
-        return str(out)
-    if run_warm_start is None:
-        raise ValueError("warm_start.enabled needs a way to run it (the cluster's warm_start)")
-    return run_warm_start(str(path), out)
+    def sft(out: Path) -> None:
+        if run_warm_start is None:
+            raise ValueError("warm_start.enabled needs a way to run it (the cluster's warm_start)")
+        run_warm_start(str(path), out)
+
+    return str(_built(run_dir / "warm-start", sft))
+
+
+def _built(final: Path, make: Callable[[Path], object]) -> Path:
+    """``final`` if it holds a model, else made by ``make(staging folder)`` and renamed into place."""
+    if (final / "config.json").exists():
+        return final
+    staging = final.with_name(final.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    make(staging)
+    shutil.rmtree(final, ignore_errors=True)  # a left-over of an older version, without config.json
+    staging.rename(final)
+    return final
 
 
 def _check_sees_images(cfg: RunConfig, path: str) -> None:

@@ -18,14 +18,18 @@ for a batch, or when a weight push fails) without stopping the run.
 
 Invariants: everything started here is stopped here, on success, on error and on SIGTERM or
 Ctrl-C (which checkpoint first, at the next step boundary or, while the learner waits for its
-batch, within a wait slice; a second Ctrl-C leaves at once);
+batch, within a wait slice; an evaluation, a sync-mode rollout or the warm start in progress is
+abandoned at once; a second Ctrl-C leaves at once);
 ``<run dir>/summary.json`` is written in every case. Checkpoints (launch/run/checkpoints.py) are
-written every ``train.checkpoint_every`` steps and at the end. Resuming (``train.resume=<run
-dir>``) continues that run in its directory from its newest checkpoint: the step, the policy
-version, the optimizers, the value-norm statistics, the entropy coefficient and the learner
-ranks' RNG states come back, each actor's seed stream continues where it was, the episode
-budgets follow from the step, the warm start is not run again, and ``metrics.jsonl`` continues
-without the records of steps after the checkpoint (they run again).
+written every ``train.checkpoint_every`` steps and at the end, each with the run config, into
+a directory every learner rank sees (checked once the processes have started). Resuming
+(``train.resume=<run dir>``) continues that run in its directory from its newest checkpoint that
+verifies, with the config it was written with (what may differ is listed in
+launch/run/checkpoints.py): the step, the policy version, the optimizers, the value-norm
+statistics, the entropy coefficient and the learner ranks' RNG states come back, each actor's
+seed stream continues where it was, the episode budgets follow from the step, the warm start is
+not run again, and ``metrics.jsonl`` continues without the records of steps after the checkpoint
+(they run again).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +58,31 @@ WAIT_SLICE_S = 5.0
 """The learner waits for a batch this long per call; the supervisor checks the actors between."""
 
 
+class Interrupted(Exception):
+    """A stop request arrived during a wait the loop cuts short (``Stop.interruptible``)."""
+
+
 class Stop:
     """Set by SIGTERM or Ctrl-C (SIGINT): the loop checkpoints and leaves at the next step
-    boundary. A second Ctrl-C raises KeyboardInterrupt: leave now (processes are still shut down)."""
+    boundary; inside ``interruptible`` (an evaluation, a sync-mode rollout, the warm start) the
+    request raises ``Interrupted`` at once. A second Ctrl-C raises KeyboardInterrupt: leave now
+    (processes are still shut down)."""
 
     def __init__(self) -> None:
         self.requested = False
         self._old: dict[int, Any] = {}
+        self._interruptible: str | None = None
+
+    @contextmanager
+    def interruptible(self, what: str) -> Iterator[None]:
+        """A wait that a stop request ends with ``Interrupted`` (raised here if one came before)."""
+        if self.requested:
+            raise Interrupted(what)
+        self._interruptible = what
+        try:
+            yield
+        finally:
+            self._interruptible = None
 
     def __enter__(self) -> "Stop":
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -69,8 +93,13 @@ class Stop:
         if signum == signal.SIGINT and self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print(f"{signal.Signals(signum).name}: checkpointing and stopping after this step "
-              "(Ctrl-C again to stop now)", flush=True)
+        what = self._interruptible
+        print(f"{signal.Signals(signum).name}: checkpointing and stopping "
+              + (f"now ({what} abandoned)" if what else "after this step") + " (Ctrl-C again to stop now)",
+              flush=True)
+        if what:
+            self._interruptible = None
+            raise Interrupted(what)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._old.items():
@@ -100,14 +129,25 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
         with Stop() as stop:
             learners.check_room()  # a run the cluster cannot hold fails before its warm start
             t0 = time.perf_counter()
-            model_path = prepare_model(cfg, run_dir, learners.warm_start)
+            try:
+                with stop.interruptible("the warm start"):
+                    model_path = prepare_model(cfg, run_dir, learners.warm_start)
+            except Interrupted:
+                summary.update(interrupted=True, steps=0)
+                return summary
             summary["warm_start_s"] = round(time.perf_counter() - t0, 1)
             supervisor.start(model_path, log_dir=log_dir,
                              streams=resume["actor_streams"] if resume else None)
+            checkpoints.check_shared(run_dir, learners.read_probe, learners.nodes)
             summary["nodes"], summary["stream_curve"] = learners.nodes, learners.stream_secured
             summary.update(_run(cfg, run_dir, supervisor, logger, monitor, stop, resume))
     except BaseException as e:
         summary["error"] = f"{type(e).__name__}: {e}"
+        if supervisor.readings:  # a failed run's ledger too, as far as the actors still answer
+            try:
+                summary["episodes"] = supervisor.ledger()
+            except Exception as ledger_error:  # noqa: BLE001 - the run's own error is the one raised
+                summary["episodes"] = {"unreadable": f"{type(ledger_error).__name__}: {ledger_error}"}
         raise
     finally:
         if monitor is not None:
@@ -125,13 +165,13 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def _resume_point(cfg: RunConfig, run_dir: Path) -> dict[str, Any] | None:
-    """The newest checkpoint's extra (with its ``path``) when resuming, else None."""
+    """The extra (with its ``path``) of the newest checkpoint that verifies when resuming, else
+    None; it fails where none verifies, or where the config differs from the checkpoint's beyond
+    what may change on resume (unless ``train.allow_config_change``)."""
     if not cfg.train.resume:
         return None
-    latest = checkpoints.latest(run_dir)
-    if latest is None:
-        raise FileNotFoundError(f"train.resume={cfg.train.resume}: no checkpoint in "
-                                f"{checkpoints.root(run_dir)}")
+    latest = checkpoints.latest_or_fail(run_dir)
+    checkpoints.check_config(latest, dataclasses.asdict(cfg), allow_change=cfg.train.allow_config_change)
     return {**checkpoints.read_extra(latest), "path": latest}
 
 
@@ -154,20 +194,22 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
     step = 0
     seeds = list(range(t.eval_seed_offset, t.eval_seed_offset + t.eval_seeds))
     evals = [r for r in logger.records if r["kind"] == "eval"]
-    resumed = None
+    resumed, dropped = None, 0
     if resume is not None:
         loaded = learners.load_checkpoint(resume["path"])
         step = int(loaded["step"])
+        supervisor.carry(loaded.get("ledger", {}))  # the episode ledger and fault counts go on
+        dropped = sum(loaded.get("buffer", {}).get("dropped", {}).values())
         if loaded["optimizer_fingerprint_loaded"] != loaded["optimizer_fingerprint"]:
             raise RuntimeError(f"{resume['path']}: the optimizers did not come back as saved")
         supervisor.push(step)  # the actors' engines start from the model path, not the checkpoint
         resumed = {"step": step, "version": int(loaded["version"]),
                    "optimizer_fingerprint": loaded["optimizer_fingerprint_loaded"]}
-    if not evals:
-        evals.append(_evaluate(cfg, run_dir, supervisor, logger, seeds, step))
-        print(f"eval before RL: {_eval_text(evals[-1])} on {len(seeds)} seeds", flush=True)
+    if not evals and (record := _evaluate(cfg, run_dir, supervisor, logger, seeds, step, stop)):
+        evals.append(record)
+        print(f"eval before RL: {_eval_text(record)} on {len(seeds)} seeds", flush=True)
     if t.mode == "async":
-        supervisor.start_runs(step)
+        supervisor.start_runs(step, dropped=dropped)
     while step < t.steps and not stop.requested:
         t_step = time.perf_counter()
         metrics = _train_step(cfg, supervisor, step, stop)
@@ -182,6 +224,7 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
         metrics.update({"timing/step_wall_s": wall, "throughput/trajectories_per_s": t.batch_size / wall,
                         "throughput/tokens_per_s": metrics.get("rollout/tokens", 0.0) / wall,
                         "actors/restarts": supervisor.restarts})
+        metrics.update(_ledger(supervisor, metrics))
         if monitor is not None:  # memory as of the monitor thread's last sample (launch/run/memory.py)
             monitor.sample_cpu()
             if monitor.total:
@@ -191,29 +234,48 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
         record = logger.log("train", step, metrics)
         if step % cfg.logger.print_every == 0:
             logger.progress(record)
-        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            evals.append(_evaluate(cfg, run_dir, supervisor, logger, seeds, step))
-            print(f"eval at step {step}: {_eval_text(evals[-1])}", flush=True)
+        if (t.eval_every and step % t.eval_every == 0 and step < t.steps
+                and (record := _evaluate(cfg, run_dir, supervisor, logger, seeds, step, stop))):
+            evals.append(record)
+            print(f"eval at step {step}: {_eval_text(record)}", flush=True)
         if t.checkpoint_every and step % t.checkpoint_every == 0:
             _checkpoint(cfg, supervisor, run_dir, step)
     supervisor.stop_runs()
-    if evals[-1]["step"] != step and not stop.requested:  # a stop request leaves quickly
-        evals.append(_evaluate(cfg, run_dir, supervisor, logger, seeds, step))
-    print(f"eval after RL: {_eval_text(evals[-1])}", flush=True)
+    if ((not evals or evals[-1]["step"] != step)  # a stop request leaves without it
+            and (record := _evaluate(cfg, run_dir, supervisor, logger, seeds, step, stop))):
+        evals.append(record)
+    if evals:
+        print(f"eval after RL: {_eval_text(evals[-1])}", flush=True)
     _checkpoint(cfg, supervisor, run_dir, step)
     learners.save_final(run_dir, t.save_samples)
+    accounting = learners.accounting()
+    ledger = _ledger(supervisor, {"stream/received": float(sum(a["received"] for a in accounting.values()))})
     last = [e["success"] for e in evals[-3:]]
-    return {"steps": step, "eval_before": evals[0]["success"], "eval_after": evals[-1]["success"],
-            "eval_last3_mean": sum(last) / len(last), "interrupted": stop.requested,
+    return {"steps": step, "eval_before": evals[0]["success"] if evals else None,
+            "eval_after": evals[-1]["success"] if evals else None,
+            "eval_last3_mean": sum(last) / len(last) if last else None, "interrupted": stop.requested,
             "actor_restarts": supervisor.incarnations, "actors": supervisor.actor_stats(),
-            "accounting": learners.accounting(), "resumed_from": resumed}
+            "accounting": accounting, "episodes": ledger, "resumed_from": resumed}
+
+
+def _ledger(supervisor: Supervisor, learner: dict[str, float]) -> dict[str, float]:
+    """The supervisor's ledger (launch/run/supervisor.py) with the learner's side: every episode
+    the actors sent was received (``stream/received``: then taken, dropped or buffered, see
+    learner/buffer.py) or is ``episodes/in_transit``."""
+    out = supervisor.ledger()
+    out["episodes/in_transit"] = out["episodes/sent"] - learner.get("stream/received", 0.0)
+    return out
 
 
 def _evaluate(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogger,
-              seeds: list[int], step: int) -> dict[str, Any]:
+              seeds: list[int], step: int, stop: Stop) -> dict[str, Any] | None:
     """One evaluation: its means logged (the returned record), its recorded episodes written as
-    ``<run dir>/episodes/eval_step_<step>.html``."""
-    means = supervisor.evaluate(seeds, cfg.train.eval_pages)
+    ``<run dir>/episodes/eval_step_<step>.html``; None if a stop request came first or during it."""
+    try:
+        with stop.interruptible("the evaluation"):
+            means = supervisor.evaluate(seeds, cfg.train.eval_pages)
+    except Interrupted:
+        return None
     episodes = means.pop("episodes", [])
     record = logger.log("eval", step, means)
     if cfg.train.eval_pages:
@@ -223,11 +285,16 @@ def _evaluate(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: Run
 
 def _train_step(cfg: RunConfig, supervisor: Supervisor, version: int,
                 stop: Stop) -> dict[str, float] | None:
-    """One learner step (after a sync-mode rollout). The learner waits for its batch in slices
-    of WAIT_SLICE_S, between which failed actors are replaced and a stop request is honoured
-    (None: no step was taken); no batch within ``train.batch_timeout_s`` ends the run."""
+    """One learner step (after a sync-mode rollout, which a stop request cuts short). The learner
+    waits for its batch in slices of WAIT_SLICE_S, between which failed actors are replaced and a
+    stop request is honoured (None: no step was taken); no batch within ``train.batch_timeout_s``
+    ends the run."""
     if cfg.train.mode == "sync":
-        supervisor.rollout(version)
+        try:
+            with stop.interruptible("the rollout"):
+                supervisor.rollout(version)
+        except Interrupted:
+            return None
     t0 = time.perf_counter()
     while True:
         supervisor.check(version)
@@ -243,8 +310,11 @@ def _train_step(cfg: RunConfig, supervisor: Supervisor, version: int,
 
 
 def _checkpoint(cfg: RunConfig, supervisor: Supervisor, run_dir: Path, step: int) -> Path:
-    """Every learner rank writes its part into the staging folder, with the step and each
-    actor's seed stream; then it is committed (launch/run/checkpoints.py)."""
+    """Every learner rank writes its part into the staging folder, with the step, each actor's
+    seed stream and the episode ledger, and the driver the run config; then it is committed, its
+    manifest written last (launch/run/checkpoints.py)."""
     path = checkpoints.staging(run_dir, step)
-    supervisor.learners.save_checkpoint(path, {"step": step, "actor_streams": supervisor.actor_streams()})
+    supervisor.learners.save_checkpoint(path, {"step": step, "actor_streams": supervisor.actor_streams(),
+                                               "ledger": supervisor.ledger_state()})
+    checkpoints.write_config(path, dataclasses.asdict(cfg))
     return checkpoints.commit(run_dir, step, cfg.train.keep_checkpoints)

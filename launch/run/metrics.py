@@ -23,6 +23,12 @@ PROGRESS_KEYS = (
     ("traj/s", "throughput/trajectories_per_s", "{:.1f}"),
     ("tok/s", "throughput/tokens_per_s", "{:.0f}"),
 )
+FAULT_KEYS = (
+    ("replaced", "faults/actors_replaced"), ("hung", "faults/actors_hung"),
+    ("reformed", "faults/weight_group_reformed"), ("env down", "faults/env_services_down"),
+    ("failed", "episodes/failed"), ("lost", "episodes/lost"), ("refused", "buffer/refused"),
+)
+"""Shown after ``faults:`` in the progress line where not zero (run totals so far)."""
 
 
 class RunLogger:
@@ -59,6 +65,9 @@ class RunLogger:
     def progress(self, record: dict[str, Any]) -> str:
         parts = [f"{name} " + fmt.format(record[key]) for name, key, fmt in PROGRESS_KEYS
                  if isinstance(record.get(key), (int, float))]
+        faults = [f"{name} {record[key]:.0f}" for name, key in FAULT_KEYS if record.get(key)]
+        if faults:
+            parts.append("faults: " + ", ".join(faults))
         line = f"[{record['time_s']:7.1f}s] " + " | ".join(parts)
         print(line, flush=True)
         return line

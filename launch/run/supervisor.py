@@ -7,9 +7,10 @@ is the half of the cluster it may call: launch/topology/protocol.py's ``Learners
 only: how each operation is done on the processes is the topology's (launch/topology/).
 
 Invariants:
-- a failed actor (its process died, or its ``run`` raised) is replaced by its next incarnation on
-  the same placement slot, at most ``actors.max_restarts`` times per actor; past that the run
-  fails with the actor's error. Its episodes in flight are lost; those it sent are kept;
+- a failed actor (its process died, its ``run`` raised, it is hung, or it failed an evaluation)
+  is replaced by its next incarnation on the same placement slot, at most
+  ``actors.max_restarts`` times per actor; past that the run fails with the actor's error. Its
+  episodes in flight are lost; those it sent are kept; an evaluation it failed runs again;
 - after a replacement the weight group is re-formed with every actor and the learner's current
   weights are pushed to all before the new actor plays a training episode, so a restarted actor
   never sends trajectories sampled with the model path's weights;
@@ -23,14 +24,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from launch.config.schema import RunConfig
-from launch.topology.protocol import Cluster, Learners, PushError
+from launch.topology.protocol import ActorsFailed, Cluster, Learners, PushError
 
 log = logging.getLogger(__name__)
+
+FAULTS = ("actors_replaced", "actors_hung", "weight_group_reformed", "evaluations_rerun")
+"""The fault events the supervisor counts (``faults/<name>`` in every step's metrics)."""
 
 
 class Supervisor:
@@ -40,6 +45,14 @@ class Supervisor:
         """The last episode budget of an actor that never restarted."""
         self.offsets = [0] * len(cluster.actors)
         """Per actor: what its budget is lowered by (the budget when it was replaced)."""
+        self.version = 0
+        """The policy version last pushed to the actors (what a replacement gets)."""
+        self.readings: list[dict[str, Any]] = []
+        """Per actor: its counters as last read (``ledger``), what a replaced one is retired with."""
+        self.retired: list[dict[str, Any]] = []
+        """The last readings of the replaced incarnations."""
+        self.faults: Counter[str] = Counter(dict.fromkeys(FAULTS, 0))
+        """Fault events so far, as ``faults/<name>`` in the ledger."""
 
     @property
     def learners(self) -> Learners:
@@ -77,14 +90,47 @@ class Supervisor:
         return [{"incarnation": int(s["incarnation"]), "groups_drawn": int(s["groups_drawn"])}
                 for s in self.cluster.actor_stats()]
 
+    def ledger_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the ledger: every incarnation's last reading (a resumed
+        run's actors are new incarnations), read now, and the fault counts."""
+        self.readings = self.cluster.actor_stats()
+        return {"retired": [*self.retired, *self.readings], "faults": dict(self.faults)}
+
+    def carry(self, saved: dict[str, Any]) -> None:
+        """Continue the ledger of a checkpoint's ``ledger_state``."""
+        self.retired = list(saved.get("retired", []))
+        self.faults.update(saved.get("faults", {}))
+
+    def ledger(self) -> dict[str, float]:
+        """Where every training episode went, from the actors' counters read now (a replaced
+        incarnation's as last read): ``episodes/*`` (see ``episode_ledger``), ``failed/<reason>``,
+        and ``faults/*`` (the events counted here, and the env services the actors find down)."""
+        self.readings = self.cluster.actor_stats()
+        out = episode_ledger(self.readings, self.retired)
+        out.update({f"faults/{k}": float(v) for k, v in self.faults.items()})
+        out["faults/env_services_down"] = float(sum(r.get("env_services_down", 0) for r in self.readings))
+        return out
+
     def evaluate(self, seeds: list[int], pages: int = 0) -> dict[str, Any]:
-        """Greedy episodes on ``seeds`` across the actors (the topology's ``evaluate``)."""
-        return self.cluster.evaluate(seeds, pages)
+        """Greedy episodes on ``seeds`` across the actors (the topology's ``evaluate``). Actors
+        that fail during it are replaced and the evaluation runs again (greedy: the same
+        episodes), within the actors' restart limit."""
+        while True:
+            try:
+                return self.cluster.evaluate(seeds, pages)
+            except ActorsFailed as e:
+                log.warning("%s: replacing them and evaluating again", e)
+                self.faults["evaluations_rerun"] += 1
+                self._replace(e.errors, self.version)
 
     # --- async mode ---------------------------------------------------------------------------
-    def start_runs(self, step: int) -> None:
-        """Budgets for ``step`` batches taken, then every actor's background ``run``."""
-        self.set_budgets(step, dropped=0)
+    def start_runs(self, step: int, *, dropped: int = 0) -> None:
+        """Budgets for ``step`` batches taken (and ``dropped`` trajectories replaced), then every
+        actor's background ``run``. The actors' counters start at zero (a resumed run's too), so
+        each budget is lowered by what a run at ``step`` has had: they run ahead as a fresh run's."""
+        fresh = self._budget(0, 0)
+        self.offsets = [max(0, self._budget(step, dropped) - fresh)] * len(self.offsets)
+        self.set_budgets(step, dropped=dropped)
         self.cluster.start_runs()
 
     def set_budgets(self, step: int, *, dropped: int) -> None:
@@ -107,8 +153,12 @@ class Supervisor:
         self.cluster.stop_runs()
 
     def check(self, version: int) -> None:
-        """Replace every actor whose background run ended (runs end only by ``stop_runs``)."""
+        """Replace every actor whose background run ended (runs end only by ``stop_runs``) or
+        that the topology finds hung (``hung_actors``: no answer, a dead or stalled engine)."""
         failed = self.cluster.ended_runs()
+        hung = {i: e for i, e in self.cluster.hung_actors().items() if i not in failed}
+        self.faults["actors_hung"] += len(hung)
+        failed.update(hung)
         if failed:
             self._replace(failed, version)
 
@@ -116,10 +166,12 @@ class Supervisor:
     def push(self, version: int) -> dict[str, float]:
         """``push_weights``; on failure, dead actors replaced and one retry in a new generation.
         Also after a resume: the engines start from the model path, not the checkpoint."""
+        self.version = version
         try:
             return self.cluster.push_weights(version)
         except PushError as e:
             log.warning("%s: re-forming the weight group", e)
+            self.faults["weight_group_reformed"] += 1
             if e.dead_actors:
                 return self._replace(e.dead_actors, version)
             return {**self.cluster.reform_weights(version), "weights/reformed": 1.0}
@@ -138,6 +190,10 @@ class Supervisor:
         in async mode give the new actors a fresh budget and start their runs."""
         t0 = time.perf_counter()
         for i, error in failed.items():
+            if i < len(self.readings):  # its episodes in flight are lost: the ledger says how many
+                self.retired.append(self.readings[i])
+                self.readings[i] = {}
+            self.faults["actors_replaced"] += 1
             self.cluster.restart_actor(i, error)
         out = self.cluster.reform_weights(version)
         if self.cluster.running:
@@ -166,3 +222,29 @@ def _episodes_per_actor(cfg: RunConfig) -> list[int]:
     groups = -(-cfg.train.batch_size // cfg.actors.group_size)
     n = cfg.actors.num
     return [(groups // n + (i < groups % n)) * cfg.actors.group_size for i in range(n)]
+
+
+def episode_ledger(current: list[dict[str, Any]], retired: list[dict[str, Any]]) -> dict[str, float]:
+    """Sums over the actors' counters (actors/actor.py's ``COUNTS``) of the live incarnations
+    (``current``) and the replaced ones (``retired``, as last read): ``episodes/started`` =
+    done + failed + cancelled + in_flight + lost; done = sent + unsent + held. ``lost``: what a
+    replaced (or unanswering) incarnation had started and neither failed, cancelled nor sent when
+    last read: its episodes in flight, held or queued then (episodes it started after that
+    reading are counted nowhere: at most one step's); of its done ones only those sent count as
+    done. ``failed/<reason>`` summed over all."""
+    out: Counter[str] = Counter(dict.fromkeys(
+        ("started", "done", "failed", "cancelled", "in_flight", "sent", "unsent", "held", "lost"), 0))
+    for r, gone in [*((r, "unanswered" in r) for r in current), *((r, True) for r in retired)]:
+        started, failed = r.get("episodes_started", 0), r.get("episodes_failed", 0)
+        cancelled, sent = r.get("episodes_cancelled", 0), r.get("episodes_sent", 0)
+        out.update(started=started, failed=failed, cancelled=cancelled, sent=sent)
+        for key, value in r.items():
+            if key.startswith("failed/"):
+                out[key] += value
+        if gone:  # what it sent counts as done; the rest it had started is lost
+            out.update(done=sent, lost=started - failed - cancelled - sent)
+            continue
+        done = r.get("episodes_done", 0)
+        out.update(done=done, unsent=r.get("episodes_unsent", 0), held=r.get("episodes_held", 0),
+                   in_flight=started - done - failed - cancelled)
+    return {(k if k.startswith("failed/") else f"episodes/{k}"): float(v) for k, v in out.items()}

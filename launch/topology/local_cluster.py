@@ -176,6 +176,9 @@ class LocalCluster:
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         return self._learner.load_checkpoint(str(path))
 
+    def read_probe(self, path: Path) -> list[str | None]:
+        return [self._learner.read_probe(str(path))]
+
     def save_final(self, run_dir: Path, samples: int) -> None:
         self._learner.save_hf(str(run_dir / "final-model"))
         (run_dir / "samples.txt").write_text(self._learner.samples_text(samples))
@@ -208,6 +211,11 @@ class LocalCluster:
                 error = run.exception()
                 failed[i] = error or RuntimeError(f"actor {i}'s run returned without a stop")
         return failed
+
+    def hung_actors(self) -> dict[int, BaseException]:
+        """None is ever reported: a call in this process cannot be cut short, and a failed actor
+        is not replaced here (see the module docstring); the ``ray.*`` deadlines are Ray's."""
+        return {}
 
     def stop_runs(self) -> None:
         if self.running:

@@ -33,6 +33,28 @@ class PushError(RuntimeError):
         self.dead_actors = {i: e for i, e in errors.items() if i in dead}
 
 
+class CallTimeout(TimeoutError):
+    """A call on an actor gave no answer within its deadline (``ray.*_timeout_s``), or the actor
+    is hung (its event loop does not answer, or its engine stalled): the actor is killed and
+    replaced, as a dead one is."""
+
+
+class LearnerHung(RuntimeError):
+    """A call on the learner ranks gave no answer within its deadline; the message says what
+    each rank was doing, for how long, and its threads' stacks. The run stops (its newest
+    checkpoint stays)."""
+
+
+class ActorsFailed(RuntimeError):
+    """An operation on every actor (an evaluation) failed on some: ``errors`` by actor index,
+    ``dead`` those to replace."""
+
+    def __init__(self, what: str, errors: dict[int, BaseException]):
+        super().__init__(f"{what} failed on actors {sorted(errors)}: "
+                         + "; ".join(f"{i}: {type(e).__name__}: {e}" for i, e in sorted(errors.items())))
+        self.errors = errors
+
+
 class Learners(Protocol):
     """The operations on the run as a whole and on its learner ranks: what the training loop
     (launch/run/loop.py) calls directly."""
@@ -48,6 +70,7 @@ class Learners(Protocol):
     def train_step(self, batch_size: int, timeout_s: float) -> dict[str, float]: ...
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None: ...
     def load_checkpoint(self, path: Path) -> dict[str, Any]: ...
+    def read_probe(self, path: Path) -> list[str | None]: ...
     def save_final(self, run_dir: Path, samples: int) -> None: ...
     def accounting(self) -> dict[str, dict[str, int]]: ...
 
@@ -71,6 +94,7 @@ class Actors(Protocol):
     def set_budgets(self, budgets: list[int]) -> None: ...
     def start_runs(self, indices: list[int] | None = None) -> None: ...
     def ended_runs(self) -> dict[int, BaseException]: ...
+    def hung_actors(self) -> dict[int, BaseException]: ...
     def stop_runs(self) -> None: ...
     def rollout(self, counts: dict[int, int]) -> dict[int, BaseException]: ...
     def restart_actor(self, index: int, error: BaseException) -> None: ...

@@ -40,7 +40,7 @@ from launch.config.schema import RunConfig
 from launch.model.warm_start import warm_start
 from launch.topology.combine import combine_evaluations, eval_shares, push_timings
 from launch.topology.placement import Node, Roles, place
-from launch.topology.protocol import PushError
+from launch.topology.protocol import ActorsFailed, CallTimeout, LearnerHung, PushError
 from transport import security
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,10 @@ class RayCluster:
         self.incarnations: list[int] = []
         """Per actor: times it was restarted (this run's, a resumed run's included)."""
         self._runs: list = []
+        self._liveness: dict[int, tuple[Any, float]] = {}
+        """Per actor: its unanswered liveness call and when it was made."""
+        self._stats: dict[int, dict[str, Any]] = {}
+        """Per actor: its last answered stats (what ``actor_stats`` reports of one that does not answer)."""
         self._slots: list = []
         self._actor_configs: list[ActorConfig] = []
         self._weights: WeightGroup | None = None
@@ -114,12 +118,10 @@ class RayCluster:
         weight group. With ``log_dir`` each process's output (an actor's vLLM engine included)
         goes to ``log_dir/learner-<rank>.log`` / ``actor-<index>.log``. ``streams`` (a resumed
         run's: ``incarnation`` and ``groups_drawn`` per actor) continue each actor's seeds."""
-        from learner.worker import LearnerWorker
-
         cfg = self.cfg
         placement = place(_nodes(), self._roles(), bind_cores=cfg.ray.bind_cores)
         wcfg = worker_config(cfg, model_path)
-        learner_cls = ray.remote(LearnerWorker)
+        learner_cls = learner_actor_class()
         for slot in placement.of("learner"):
             self.learners.append(learner_cls.options(
                 num_cpus=slot.cpus, num_gpus=slot.gpus, scheduling_strategy=_on(slot.node),
@@ -129,18 +131,18 @@ class RayCluster:
         # port free there (the rendezvous), ports its stream and weight store bind there.
         remote = bool(cfg.ray.address or os.environ.get("RAY_ADDRESS"))
         host = placement.learner_address if remote else "127.0.0.1"
-        port = ray.get(self.learners[0].free_port.remote())
+        port = self._learners([self.learners[0].free_port.remote()], "free_port", cfg.ray.call_timeout_s)[0]
         # CurveZMQ on the stream (transport.curve): the server keys to rank 0, the client keys
         # to every actor; made here for this run unless given by file.
         keys = stream_keys(cfg, networked=remote)
         self.stream_secured = keys is not None
-        infos = ray.get([w.setup.remote(
+        infos = self._learners([w.setup.remote(
             host, port,
             stream_address=f"tcp://{host}:{cfg.transport.stream_port}",
             weight_address=f"tcp://{host}:{cfg.transport.weight_port}",
             weight_world_size=placement.weight_world_size, device=cfg.learner.device,
             stream_curve=keys[0] if keys and w is self.learners[0] else None,
-        ) for w in self.learners])
+        ) for w in self.learners], "setup", cfg.ray.start_timeout_s)
         stream = infos[0]["stream_address"]
         self._weights = WeightGroup(infos[0]["weight_address"], placement.weight_world_size,
                                     cfg.transport.weight_timeout_s)
@@ -157,20 +159,22 @@ class RayCluster:
                                                          skip_groups=stream_at["groups_drawn"])
         for i in range(len(self._slots)):
             self.actors.append(self._new_actor(i))
-        ray.get([a.start.remote() for a in self.actors])
+        _all_answered("start", self._gather({i: a.start.remote() for i, a in enumerate(self.actors)},
+                                            "start", cfg.ray.start_timeout_s))
         self._join_weight_group()
 
     def shutdown(self) -> None:
-        """Stop what was started, in order: actors (engines, env pools, senders), learners, Ray."""
-        for a in self.actors:
-            try:
-                ray.get(a.close.remote(), timeout=60)
-            except Exception as e:  # noqa: BLE001 - a dead actor is being cleaned up anyway
-                log.warning("actor close failed: %s", e)
+        """Stop what was started, in order: actors (engines, env pools, senders), learners, Ray.
+        A process that does not close within ``ray.call_timeout_s`` is killed."""
+        timeout = self.cfg.ray.call_timeout_s
+        closed = self._gather({i: a.close.remote() for i, a in enumerate(self.actors)}, "close", timeout)
+        for i, result in closed.items():
+            if isinstance(result, BaseException):  # a dead or hung actor is killed below anyway
+                log.warning("actor %d close failed: %s", i, result)
         for w in self.learners:
             try:
-                ray.get(w.close.remote(), timeout=60)
-            except Exception as e:  # noqa: BLE001
+                ray.get(w.close.remote(), timeout=timeout)
+            except Exception as e:  # noqa: BLE001 - a dead or hung rank is killed below anyway
                 log.warning("learner close failed: %s", e)
         for h in self.actors + self.learners:
             ray.kill(h)
@@ -180,29 +184,82 @@ class RayCluster:
     # --- the learner ---------------------------------------------------------------------------
     def train_step(self, batch_size: int, timeout_s: float) -> dict[str, float]:
         """One learner step on every rank; {} when no full batch arrived within the timeout."""
-        return ray.get([w.train_step.remote(batch_size, timeout_s) for w in self.learners])[0]
+        refs = [w.train_step.remote(batch_size, timeout_s) for w in self.learners]
+        return self._learners(refs, "train_step", timeout_s + self.cfg.ray.step_timeout_s)[0]
 
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
-        ray.get([w.save_checkpoint.remote(str(path), extra) for w in self.learners])
+        refs = [w.save_checkpoint.remote(str(path), extra) for w in self.learners]
+        self._learners(refs, "save_checkpoint", self.cfg.ray.step_timeout_s)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        return ray.get([w.load_checkpoint.remote(str(path)) for w in self.learners])[0]
+        refs = [w.load_checkpoint.remote(str(path)) for w in self.learners]
+        return self._learners(refs, "load_checkpoint", self.cfg.ray.step_timeout_s)[0]
+
+    def read_probe(self, path: Path) -> list[str | None]:
+        """What each learner rank reads at ``path``, by rank; None: no such file on its node, or
+        no answer within a minute (a hung network mount)."""
+        refs = [w.read_probe.remote(str(path)) for w in self.learners]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=60)
+        return [ray.get(r) if r in ready else None for r in refs]
 
     def save_final(self, run_dir: Path, samples: int) -> None:
         """The policy as a Hugging Face directory, and the last batch's samples as text."""
-        ray.get([w.save_hf.remote(str(run_dir / "final-model")) for w in self.learners])
-        (run_dir / "samples.txt").write_text(ray.get(self.learners[0].samples_text.remote(samples)))
+        timeout = self.cfg.ray.step_timeout_s
+        self._learners([w.save_hf.remote(str(run_dir / "final-model")) for w in self.learners], "save_hf", timeout)
+        text = self._learners([self.learners[0].samples_text.remote(samples)], "samples_text", timeout)[0]
+        (run_dir / "samples.txt").write_text(text)
 
     def accounting(self) -> dict[str, dict[str, int]]:
-        return ray.get(self.learners[0].accounting.remote())
+        return self._learners([self.learners[0].accounting.remote()], "accounting", self.cfg.ray.call_timeout_s)[0]
+
+    def _learners(self, refs: list, what: str, timeout_s: float) -> list:
+        """The results of a call on learner ranks; ``LearnerHung`` (with every rank's report)
+        if any gave no answer within ``timeout_s``; a rank's error is raised as is."""
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if pending:
+            raise LearnerHung(self._hang_report(what, timeout_s))
+        return ray.get(refs)
+
+    def _hang_report(self, what: str, timeout_s: float) -> str:
+        """What each learner rank is doing, for how long, and its threads' stacks."""
+        lines = [f"the learner ranks gave no answer to {what} within {timeout_s:g} s "
+                 "(the ray.*_timeout_s deadlines); each rank's report:"]
+        refs = [w.liveness.options(concurrency_group="liveness").remote(stacks=True) for w in self.learners]
+        for rank, ref in enumerate(refs):
+            try:
+                r = ray.get(ref, timeout=min(30.0, self.cfg.ray.call_timeout_s))
+            except Exception as e:  # noqa: BLE001 - a rank that cannot even say is reported as such
+                lines.append(f"rank {rank}: no answer to liveness ({type(e).__name__}: {e})")
+                continue
+            lines.append(f"rank {rank} (node {self.nodes.get(f'learner-{rank}')}, pid {r['pid']}): "
+                         f"in {r['doing']} for {r['for_s']} s; its threads:\n{r['stacks']}")
+        return "\n".join(lines)
 
     # --- the actors ----------------------------------------------------------------------------
     def actor_stats(self) -> list[dict[str, Any]]:
-        return ray.get([a.stats.remote() for a in self.actors])
+        """Each actor's stats; of one that does not answer (dead or hung: the supervisor replaces
+        it), its last answered stats with ``unanswered`` (the error) added."""
+        answers = self._gather({i: a.stats.remote() for i, a in enumerate(self.actors)},
+                               "stats", self.cfg.ray.call_timeout_s)
+        out = []
+        for i, answer in answers.items():
+            if isinstance(answer, BaseException):
+                last = self._stats.get(i, {"actor_id": i, "incarnation": self.incarnations[i], "groups_drawn": 0})
+                out.append({**last, "unanswered": f"{type(answer).__name__}: {answer}"})
+            else:
+                self._stats[i] = answer
+                out.append(answer)
+        return out
 
     def set_budgets(self, budgets: list[int]) -> None:
-        """Each actor's episode budget (launch/run/supervisor.py decides them)."""
-        ray.get([a.set_episode_budget.remote(b) for a, b in zip(self.actors, budgets)])
+        """Each actor's episode budget (launch/run/supervisor.py decides them). An actor that does
+        not take it is left to the checks that replace dead and hung actors."""
+        answers = self._gather({i: a.set_episode_budget.remote(b) for i, (a, b) in
+                                enumerate(zip(self.actors, budgets))}, "set_episode_budget",
+                               self.cfg.ray.call_timeout_s)
+        for i, answer in answers.items():
+            if isinstance(answer, BaseException):
+                log.warning("actor %d took no budget: %s", i, answer)
 
     def start_runs(self, indices: list[int] | None = None) -> None:
         """Async mode: the actors' background ``run`` (all, or those of ``indices``)."""
@@ -232,23 +289,70 @@ class RayCluster:
                     failed[i] = e
         return failed
 
+    def hung_actors(self) -> dict[int, BaseException]:
+        """Actors found hung (``CallTimeout``), without waiting: each has a liveness call
+        outstanding (made by the previous check); one unanswered for ``ray.call_timeout_s`` has a
+        blocked event loop; an answer with a dead engine, or an engine stalled for
+        ``ray.stall_s``, is a hung actor too."""
+        r, now = self.cfg.ray, time.monotonic()
+        for i, a in enumerate(self.actors):
+            self._liveness.setdefault(i, (a.liveness.remote(), now))
+        done, _ = ray.wait([ref for ref, _ in self._liveness.values()], num_returns=len(self._liveness),
+                           timeout=0)
+        hung: dict[int, BaseException] = {}
+        for i, (ref, asked) in list(self._liveness.items()):
+            if ref not in done:
+                if now - asked > r.call_timeout_s:
+                    hung[i] = CallTimeout(f"actor {i} gave no answer to liveness for {now - asked:.0f} s")
+                continue
+            del self._liveness[i]
+            try:
+                answer = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - dead: its run's end or the next call tells
+                log.debug("actor %d liveness failed: %s", i, e)
+                continue
+            if answer["engine_dead"]:
+                hung[i] = EngineDead(f"actor {i}: its engine is dead")
+            elif r.stall_s and answer["stalled_s"] > r.stall_s:
+                hung[i] = CallTimeout(f"actor {i}: its engine yielded nothing for {answer['stalled_s']} s "
+                                      f"with {answer['requests']} requests in flight")
+        return hung
+
     def stop_runs(self) -> None:
+        """End the background runs; an actor that does not stop in time is left to shutdown."""
         if self.running:
-            ray.get([a.stop.remote() for a in self.actors])
-            ray.get([r for r in self._runs if r is not None])
+            timeout = self.cfg.ray.call_timeout_s
+            stopped = self._gather({i: a.stop.remote() for i, a in enumerate(self.actors)}, "stop", timeout)
+            ended = self._gather({i: ref for i, ref in enumerate(self._runs) if ref is not None}, "run", timeout)
+            for i, answer in [*stopped.items(), *ended.items()]:
+                if isinstance(answer, BaseException):
+                    log.warning("actor %d did not stop cleanly: %s", i, answer)
         self._runs = []
 
     def rollout(self, counts: dict[int, int]) -> dict[int, BaseException]:
         """Sync mode: actor i plays ``counts[i]`` episodes, all at once; returns the errors of
-        the actors that failed."""
+        the actors that failed (``CallTimeout`` past ``ray.step_timeout_s``)."""
         refs = {i: self.actors[i].run.remote(num_episodes=n) for i, n in counts.items()}
-        failed: dict[int, BaseException] = {}
+        answers = self._gather(refs, "run", self.cfg.ray.step_timeout_s)
+        return {i: e for i, e in answers.items() if isinstance(e, BaseException)}
+
+    def _gather(self, refs: dict[int, Any], what: str, timeout_s: float) -> dict[int, Any]:
+        """By actor index: the result of its call, or its error (``CallTimeout`` if it gave no
+        answer within ``timeout_s``, counted from now for all together)."""
+        if not refs:
+            return {}
+        done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        finished = set(done)
+        out: dict[int, Any] = {}
         for i, ref in refs.items():
+            if ref not in finished:
+                out[i] = CallTimeout(f"actor {i} gave no answer to {what} within {timeout_s:g} s")
+                continue
             try:
-                ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - the actor's failure, handled by a restart
-                failed[i] = e
-        return failed
+                out[i] = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - returned: the caller decides per operation
+                out[i] = e
+        return out
 
     def restart_actor(self, index: int, error: BaseException) -> None:
         """Replace actor ``index`` (dead, or its run failed) with a started one of the next
@@ -259,13 +363,15 @@ class RayCluster:
             raise RuntimeError(f"actor {index} failed after {limit} restarts") from error
         log.warning("actor %d failed (%s: %s): restarting it", index, type(error).__name__, error)
         ray.kill(self.actors[index], no_restart=True)
+        self._liveness.pop(index, None)
         self.incarnations[index] += 1
         # a new incarnation's stream starts afresh
         self._actor_configs[index] = dataclasses.replace(self._actor_configs[index], skip_groups=0)
         self.actors[index] = self._new_actor(index)
         if self._runs:
             self._runs[index] = None
-        ray.get(self.actors[index].start.remote())
+        _all_answered("start", self._gather({index: self.actors[index].start.remote()}, "start",
+                                            self.cfg.ray.start_timeout_s))
 
     def _new_actor(self, index: int):
         from actors.actor import InferenceActor
@@ -287,8 +393,9 @@ class RayCluster:
         """Greedy episodes on ``seeds``, split across the actors; means weighted by episodes, and
         the episodes of the first ``pages`` seeds turn by turn under ``episodes``."""
         shares = eval_shares(seeds, len(self.actors), pages)
-        return combine_evaluations(ray.get([a.evaluate.remote(share, record=k)
-                                            for a, (share, k) in zip(self.actors, shares)]))
+        answers = self._gather({i: a.evaluate.remote(share, record=k) for i, (a, (share, k))
+                                in enumerate(zip(self.actors, shares))}, "evaluate", self.cfg.ray.eval_timeout_s)
+        return combine_evaluations(list(_all_answered("evaluation", answers).values()))
 
     # --- weights -------------------------------------------------------------------------------
     def push_weights(self, version: int) -> dict[str, float]:
@@ -296,13 +403,19 @@ class RayCluster:
         timings. Raises ``PushError`` (after every call returned) if any side failed."""
         t0 = time.perf_counter()
         learner_refs = [w.publish_weights.remote() for w in self.learners]
-        actor_refs = [a.update_weights.remote(version) for a in self.actors]
-        results = []
-        for ref in learner_refs + actor_refs:  # wait for all: none is left receiving alone
+        answers = self._gather({i: a.update_weights.remote(version) for i, a in enumerate(self.actors)},
+                               "update_weights", self.cfg.ray.step_timeout_s)
+        # then the learners, whose publish gives up on a silent peer (transport.weight_timeout_s)
+        _, pending = ray.wait(learner_refs, num_returns=len(learner_refs), timeout=self.cfg.ray.call_timeout_s)
+        if pending:
+            raise LearnerHung(self._hang_report("publish_weights", self.cfg.ray.step_timeout_s))
+        results: list[Any] = []
+        for ref in learner_refs:
             try:
                 results.append(ray.get(ref))
-            except Exception as e:  # noqa: BLE001 - sorted out by the caller from PushError.errors
+            except Exception as e:  # noqa: BLE001 - sorted out by the caller from PushError
                 results.append(e)
+        results += [answers[i] for i in range(len(self.actors))]
         errors = {i: r for i, r in enumerate(results[len(learner_refs):]) if isinstance(r, Exception)}
         learner_errors = [r for r in results[:len(learner_refs)] if isinstance(r, Exception)]
         if errors or learner_errors:
@@ -313,7 +426,8 @@ class RayCluster:
     def reform_weights(self, version: int) -> dict[str, float]:
         """A new generation of the weight group, every actor in it, and ``version`` pushed to
         all (the same version again is allowed: a restarted actor needs the current weights)."""
-        ray.get([w.reform_weight_group.remote(self._weight_group.world_size) for w in self.learners])
+        self._learners([w.reform_weight_group.remote(self._weight_group.world_size) for w in self.learners],
+                       "reform_weight_group", self.cfg.ray.step_timeout_s)
         self._join_weight_group()
         return self.push_weights(version)
 
@@ -325,8 +439,10 @@ class RayCluster:
 
     def _join_weight_group(self) -> None:
         g = self._weight_group
-        ray.get([a.join_weight_group.remote(g.address, slot.weight_ranks[0], g.world_size, g.timeout_s)
-                 for a, slot in zip(self.actors, self._slots)])
+        _all_answered("join_weight_group", self._gather(
+            {i: a.join_weight_group.remote(g.address, slot.weight_ranks[0], g.world_size, g.timeout_s)
+             for i, (a, slot) in enumerate(zip(self.actors, self._slots))},
+            "join_weight_group", self.cfg.ray.step_timeout_s))
 
     def _roles(self) -> Roles:
         cfg = self.cfg
@@ -336,11 +452,27 @@ class RayCluster:
                      engine_workers=cfg.actors.tp, env_workers=0)
 
 
+def learner_actor_class():
+    """``LearnerWorker`` as a Ray actor whose ``liveness`` runs on a concurrency group of its
+    own: it answers while a call on the rank hangs."""
+    from learner.worker import LearnerWorker
+
+    return ray.remote(concurrency_groups={"liveness": 1})(LearnerWorker)
+
+
 def is_dead(error: BaseException) -> bool:
     """Whether a failed call means the actor must be replaced: its process is gone (Ray's
-    ``RayActorError``), or its engine is (``EngineDead``, which Ray's error wrapping keeps as a
-    type of the error it raises)."""
-    return isinstance(error, (ray.exceptions.RayActorError, EngineDead))
+    ``RayActorError``), its engine is (``EngineDead``, which Ray's error wrapping keeps as a
+    type of the error it raises), or it is hung (``CallTimeout``)."""
+    return isinstance(error, (ray.exceptions.RayActorError, EngineDead, CallTimeout))
+
+
+def _all_answered(what: str, answers: dict[int, Any]) -> dict[int, Any]:
+    """``answers`` if none is an error, else ``ActorsFailed`` with the errors."""
+    errors = {i: a for i, a in answers.items() if isinstance(a, BaseException)}
+    if errors:
+        raise ActorsFailed(what, errors)
+    return answers
 
 
 def stream_keys(cfg: RunConfig, networked: bool):

@@ -69,3 +69,7 @@ def test_a_killed_actor_is_replaced_and_the_run_completes(tmp_path):
     assert actor["version"] == STEPS and actor["weight_updates"] >= 1
     assert max(r["policy/version_max"] for r in train_rows[-2:]) > KILL_AFTER_STEP
     assert all(r["policy/staleness_max"] <= 1 for r in train_rows)
+    # the killed incarnation's episodes in flight at its last reading are counted lost
+    ep = summary["episodes"]
+    assert ep["faults/actors_replaced"] == 1 and 0 <= ep["episodes/lost"] <= 2 * 8  # concurrency 8
+    assert ep["episodes/in_flight"] == 0

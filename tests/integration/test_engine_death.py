@@ -44,6 +44,8 @@ def test_an_update_and_a_join_on_a_dead_engine_raise_engine_dead_within_seconds(
             loop.run_until_complete(actor.join_weight_group("tcp://127.0.0.1:1", 1, 2, 5.0))
         assert time.monotonic() - t0 < 10
         assert (loop.run_until_complete(actor.stats()))["weight_update_failures"] == 1
+        # what the supervisor's liveness check reads (launch/topology/ray_cluster.py's hung_actors)
+        assert loop.run_until_complete(actor.liveness())["engine_dead"] is True
 
 
 def test_the_ray_topology_replaces_an_actor_whose_engine_died_and_rejoins_one_that_failed():

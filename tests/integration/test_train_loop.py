@@ -66,6 +66,13 @@ def test_the_real_loop_learns_and_keeps_its_promises(tmp_path, topology):
     ((name, acc),) = summary["accounting"].items()
     assert acc["received"] == actor["episodes_sent"] and acc["taken"] == 25 * 32
     assert acc["taken"] + acc["dropped"] <= acc["received"]
+    # every episode started is accounted for, each counter read on its own side; none lost
+    ep = summary["episodes"]
+    assert ep["episodes/in_flight"] == 0 and ep["episodes/lost"] == 0  # the stop cancelled the rest
+    assert ep["episodes/started"] == ep["episodes/done"] + ep["episodes/failed"] + ep["episodes/cancelled"]
+    assert ep["episodes/done"] == ep["episodes/sent"] + ep["episodes/unsent"] + ep["episodes/held"]
+    assert ep["episodes/sent"] == acc["received"] + ep["episodes/in_transit"] and ep["episodes/in_transit"] == 0
+    assert all("episodes/started" in r and r["faults/actors_replaced"] == 0 for r in train_rows)
     logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("*.log")}
     assert set(logs) == log_files
     engine_log = logs["actor-0.log" if topology == "ray" else "engine.log"]

@@ -25,8 +25,10 @@ N_NEW = 12
 BUCKET_BYTES = 256 << 10  # the tiny models are several MiB: they travel in many buckets
 
 
-@pytest.mark.parametrize("vision,tp", [(False, 1), (True, 1), (False, 2)],
-                         ids=["text", "vision", "tensor-parallel"])
+@pytest.mark.parametrize("vision,tp", [
+    (False, 1), (True, 1),
+    pytest.param(False, 2, marks=pytest.mark.slow),  # an engine of two workers: make test-slow
+], ids=["text", "vision", "tensor-parallel"])
 def test_broadcast_reaches_the_vllm_worker(tmp_path, vision, tp):
     """With ``tp`` 2 the engine has two worker processes (vLLM's CPU backend, a core each):
     both join the weight group (ranks 1 and 2 of 3) and each loads its shard of every tensor."""

@@ -242,13 +242,21 @@ def test_stop_ends_run_and_engine_errors_propagate(tokenizer):
         broken.engine.fail_generate = True
         with pytest.raises(RuntimeError, match="engine dead"):
             await broken.run(num_episodes=3)
+        broken_stats = await broken.stats()
         await actor.close()
         await actor.close()  # idempotent
         await broken.close()
-        return stats, actor.engine
+        return stats, broken_stats, actor.engine
 
-    stats, engine = asyncio.run(scenario())
+    stats, broken, engine = asyncio.run(scenario())
     assert stats["episodes_done"] >= 5 and engine is None
+    # every episode started ended one way: done, failed or cancelled (those the stop found in flight)
+    assert 1 <= stats["episodes_cancelled"] <= 3 and stats["episodes_failed"] == 0
+    assert stats["episodes_started"] == stats["episodes_done"] + stats["episodes_cancelled"]
+    # the engine's error failed each episode it reached and cancelled the others in flight
+    assert broken["episodes_started"] == 3 and broken["episodes_done"] == 0
+    assert broken["episodes_failed"] == broken["failed/engine_RuntimeError"] >= 1
+    assert broken["episodes_failed"] + broken["episodes_cancelled"] == 3
 
 
 def test_weight_update_sequence_and_failure(tokenizer):
@@ -391,3 +399,80 @@ def test_cpu_thread_binding_gives_each_engine_worker_its_cores(monkeypatch):
     assert cpu_thread_binding([0, 1, 2, 3], 2) == "0,2|1,3"
     assert cpu_thread_binding([], 2) == "0|1"  # unbound: the machine's first cores
     assert cpu_thread_binding([3], 2) == "3|0"  # fewer cores than workers: the next ones, wrapped
+
+
+class StuckEngine(FakeEngine):
+    """Takes requests and never yields (until ``release``): a stalled engine."""
+
+    def __init__(self, answer_ids):
+        super().__init__(answer_ids)
+        self.release = asyncio.Event()
+
+    async def generate(self, prompt, params, request_id):
+        await self.release.wait()
+        async for out in super().generate(prompt, params, request_id):
+            yield out
+
+
+def test_liveness_counts_a_stall_only_while_requests_wait_on_a_silent_engine(tokenizer):
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    engine = StuckEngine(tokenizer.encode(ANSWER, add_special_tokens=False) + [eos])
+
+    async def scenario():
+        actor = _actor(tokenizer, engine=engine, group_size=1)
+        await actor.start()
+        idle = await actor.liveness()
+        await asyncio.sleep(0.3)
+        idle_later = await actor.liveness()  # no request in flight: idle time is no stall
+        running = asyncio.create_task(actor.run(num_episodes=2))
+        await asyncio.sleep(0.4)
+        stalled = await actor.liveness()
+        engine.release.set()
+        await running
+        after = await actor.liveness()
+        await actor.close()
+        return idle, idle_later, stalled, after
+
+    idle, idle_later, stalled, after = asyncio.run(scenario())
+    assert idle == idle_later == {"requests": 0, "stalled_s": 0.0, "engine_dead": False}
+    assert stalled["requests"] == 2 and 0.3 <= stalled["stalled_s"] < 5
+    assert after["requests"] == 0 and after["stalled_s"] == 0.0
+
+
+class SeedRecorder(FakeEngine):
+    """Records each request's sampling seed."""
+
+    def __init__(self, answer_ids):
+        super().__init__(answer_ids)
+        self.seeds = []
+
+    async def generate(self, prompt, params, request_id):
+        self.seeds.append(params.seed)
+        async for out in super().generate(prompt, params, request_id):
+            yield out
+
+
+def test_each_answer_is_sampled_with_a_seed_of_its_episode_and_turn(tokenizer):
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    answer = tokenizer.encode(ANSWER, add_special_tokens=False) + [eos]
+
+    def play(**cfg):
+        engine = SeedRecorder(answer)
+
+        async def scenario():
+            actor = _actor(tokenizer, engine=engine, group_size=2, concurrency=1, max_turns=2, **cfg)
+            await actor.start()
+            await actor.run(num_episodes=4)
+            await actor.evaluate([3, 4])  # greedy: no seed
+            await actor.close()
+
+        asyncio.run(scenario())
+        return engine.seeds
+
+    first, again, other = play(seed=5), play(seed=5), play(seed=6)
+    assert first == again  # the same run again samples with the same seeds
+    train, evals = first[:-4], first[-4:]
+    assert evals == [None] * 4 and None not in train
+    assert len(set(train)) == len(train)  # every (group, member, turn) its own
+    assert set(train).isdisjoint(other[:-4])  # another run seed, other seeds
+    assert train[0] == actor_mod.sampling_seed(5, 2 * GROUP_STRIDE, 0, 0)  # actor 2's first group

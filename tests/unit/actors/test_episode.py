@@ -47,7 +47,7 @@ def scripted(tokenizer, answers: list[str], version: int = 7, stop: bool = True)
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     seen = []
 
-    async def generate(ids, images):
+    async def generate(ids, images, room):
         seen.append(list(ids))
         toks = tokenizer.encode(answers[len(seen) - 1], add_special_tokens=False) + ([eos] if stop else [])
         return Generation(toks, [-0.25] * len(toks), [version] * len(toks), stopped=stop)
@@ -248,3 +248,31 @@ def test_a_recorded_turn_carries_its_images_as_png_and_is_plain_data():
         np.testing.assert_array_equal(np.array(Image.open(io.BytesIO(base64.b64decode(b64)))), image)
     assert (turn["reward"], turn["metrics"], turn["scores"], turn["actions_valid"]) == (
         2.0, {"env_reward": 1.5}, {}, False)
+
+
+def test_an_answer_cut_short_at_the_context_leaves_room_for_its_end_of_turn(tokenizer):
+    """The answer may fill the context less the end-of-turn token that closes an answer cut
+    short, so the trajectory never passes ``max_context``; a generator that gives more is refused."""
+    env = make("frozenlake", **load_config("frozenlake"))
+    probe, seen = scripted(tokenizer, ["<answer>Up</answer>"] * 3)
+    asyncio.run(run_episode(probe, OneEnvClient(env), 0, 1, tokenizer, max_turns=1, max_context=4096))
+    first = len(seen[0])  # the context when the first answer is asked for
+    rooms = []
+
+    async def greedy_filler(ids, images, room):
+        rooms.append(room)
+        return Generation([7] * room, [-0.1] * room, [0] * room, stopped=False)  # cut at the room
+
+    result = asyncio.run(run_episode(greedy_filler, OneEnvClient(env), 0, 1, tokenizer,
+                                     max_turns=3, max_context=first + 6))
+    assert rooms == [5]  # 6 free tokens, one kept for the end-of-turn
+    t = result.trajectory  # then the next observation, which ends the episode (it is no answer's)
+    assert t.loss_mask[first:first + 5].all() and t.loss_mask.sum() == 5
+    assert not t.loss_mask[first + 5] and t.token_ids[first + 5] == tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+
+    async def overflowing(ids, images, room):
+        return Generation([7] * (room + 1), [-0.1] * (room + 1), [0] * (room + 1), stopped=False)
+
+    with pytest.raises(ValueError, match="where 5 fit"):
+        asyncio.run(run_episode(overflowing, OneEnvClient(env), 0, 1, tokenizer, max_turns=3,
+                                max_context=first + 6))

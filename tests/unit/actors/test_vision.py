@@ -100,7 +100,7 @@ def test_an_answer_with_a_vision_token_fails_the_episode(vl_path, image_env):
     answers = [tokenizer.encode("<answer>Left</answer>", add_special_tokens=False),
                tokenizer.encode("<answer>", add_special_tokens=False) + [vision.pad_id]]
 
-    async def generate(ids, images):
+    async def generate(ids, images, room):
         toks = answers[len(images) - 1]
         return Generation(toks, [-0.1] * len(toks), [0] * len(toks), stopped=True)
 

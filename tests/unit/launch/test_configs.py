@@ -294,3 +294,31 @@ def test_the_stream_is_keyed_on_a_cluster_and_open_on_loopback_unless_told(tmp_p
     config = actor_config(compose(["actors.env_curve=/keys", "actors.env_address=tcp://h:1"]),
                           0, "m", "tcp://h:2")
     assert config.env_curve == "/keys"
+
+
+def test_a_warm_start_stopped_half_way_leaves_no_model_to_resume_from(tmp_path):
+    """The warm start writes into warm-start.tmp/ and renames it when done: one stopped
+    half-way (its config.json already written) is run again, one finished is reused."""
+    text = str(build_tiny_model(tmp_path / "text", seed=0))
+    cfg = compose([f"model.path={text}", "env=frozenlake"])
+    calls = []
+
+    def interrupted(path, out):
+        calls.append(out)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")  # save_pretrained writes this first
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prepare_model(cfg, tmp_path, interrupted)
+    assert not (tmp_path / "warm-start").exists() and calls == [tmp_path / "warm-start.tmp"]
+
+    def finished(path, out):
+        calls.append(out)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        return str(out)
+
+    assert prepare_model(cfg, tmp_path, finished) == str(tmp_path / "warm-start")
+    assert prepare_model(cfg, tmp_path, finished) == str(tmp_path / "warm-start")  # reused
+    assert len(calls) == 2 and not (tmp_path / "warm-start.tmp").exists()

@@ -128,7 +128,7 @@ def test_left_padded_image_rows_are_sampled_as_alone(vlm):
     assert len(long.token_ids) > len(short.token_ids) + 10
     torch.manual_seed(0)
     batcher = Batcher(model, tokenizer, 12, batch_size=2, live=2, temperature=1.0, vision=vision)
-    gens = batcher._generate([c.token_ids for c in rows], [c.images for c in rows])
+    gens = batcher._generate([c.token_ids for c in rows], [c.images for c in rows], [None] * len(rows))
     for ctx, gen in zip(rows, gens):
         ids = torch.as_tensor(ctx.token_ids + gen.token_ids)[None]
         px = vision.image_processor(images=ctx.images, return_tensors="pt")

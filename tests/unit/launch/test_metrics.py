@@ -11,10 +11,14 @@ def test_records_are_jsonl_and_the_curve_is_drawn(tmp_path, capsys):
     logger.log("eval", 1, {"success": 0.75, "n": 4.0})
     line = logger.progress(rec)
     assert "success 0.50" in line and "reward 3.00" in line and line in capsys.readouterr().out
+    assert "faults" not in line  # none happened
+    hurt = logger.log("train", 2, {"rollout/success": 0.5, "faults/actors_replaced": 1.0,
+                                   "faults/actors_hung": 0.0, "episodes/failed": 16.0})
+    assert logger.progress(hurt).endswith(" | faults: replaced 1, failed 16")
     png = logger.plot()
     logger.close()
     rows = read_records(tmp_path)
-    assert [r["kind"] for r in rows] == ["eval", "train", "eval"]
+    assert [r["kind"] for r in rows] == ["eval", "train", "eval", "train"]
     assert rows[1]["bad"] == "nan" and rows[2]["success"] == 0.75
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -63,7 +63,7 @@ def _episode(cfg, tokenizer):
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     turns = []
 
-    async def generate(ids, images):
+    async def generate(ids, images, room):
         ids = tokenizer.encode(answers[len(turns)], add_special_tokens=False) + [eos]
         turns.append(ids)
         return Generation(ids, [-0.5] * len(ids), [0] * len(ids), stopped=True)

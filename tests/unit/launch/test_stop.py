@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from launch.config.compose import compose
-from launch.run.loop import Stop, _train_step
+from launch.run.loop import Interrupted, Stop, _train_step
 
 
 @pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
@@ -63,3 +63,39 @@ def test_without_a_stop_no_batch_within_the_timeout_ends_the_run():
     cfg = compose(["train.batch_timeout_s=0.2"])
     with pytest.raises(RuntimeError, match="no full batch"):
         _train_step(cfg, _Supervisor(_Learners(0.05)), 0, SimpleNamespace(requested=False))
+
+
+def test_inside_interruptible_a_stop_request_cuts_the_wait_short():
+    with Stop() as stop:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        t0 = time.monotonic()
+        with pytest.raises(Interrupted, match="the evaluation"):
+            with stop.interruptible("the evaluation"):
+                time.sleep(5)  # an evaluation that would take long
+        assert time.monotonic() - t0 < 2 and stop.requested
+        with pytest.raises(Interrupted):  # a request already made: no new long wait starts
+            with stop.interruptible("the rollout"):
+                raise AssertionError("not entered")
+
+
+def test_outside_interruptible_a_stop_request_only_marks_the_stop():
+    with Stop() as stop:
+        with stop.interruptible("the evaluation"):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)  # after the wait: nothing is raised
+        assert stop.requested
+
+
+class _SlowRollout(_Supervisor):
+    def rollout(self, version) -> None:
+        time.sleep(5)
+
+
+def test_a_stop_during_a_sync_rollout_takes_no_step():
+    cfg = compose(["train.mode=sync"])
+    learners = _Learners(0.05)
+    with Stop() as stop:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        t0 = time.monotonic()
+        assert _train_step(cfg, _SlowRollout(learners), 0, stop) is None
+    assert time.monotonic() - t0 < 2 and learners.waits == 0

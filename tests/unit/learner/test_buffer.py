@@ -136,3 +136,23 @@ def test_bad_config():
         TrajectoryBuffer(max_staleness=1, on_stale="downweight")
     with pytest.raises(ValueError, match="partial_groups"):
         TrajectoryBuffer(max_staleness=1, partial_groups="wait")
+
+
+def test_a_checkpoints_counters_carry_on_with_what_was_buffered_counted_dropped():
+    buf = TrajectoryBuffer(max_staleness=1)
+    for i in range(5):
+        buf.put(f"actor-{i % 2}", make_trajectory(i % 2, i, version=0), 10)
+    buf.refuse("actor-1", "token_out_of_vocab", 10)
+    assert len(buf.take(3, current_version=0)) == 3  # 2 left buffered: actor-1's and actor-0's
+    saved = buf.counters()
+    assert saved == {"received": {"actor-0": 3, "actor-1": 3}, "taken": {"actor-0": 2, "actor-1": 1},
+                     "dropped": {"refused/token_out_of_vocab": 1, "resumed": 2},
+                     "dropped_by_actor": {"actor-0": 1, "actor-1": 2},
+                     "stale_kept": 0, "partial_groups_taken": 0}
+    resumed = TrajectoryBuffer(max_staleness=1)
+    resumed.carry(saved)
+    resumed.put("actor-0", make_trajectory(0, 9, version=0), 10)
+    assert len(resumed.take(1, current_version=0)) == 1
+    for actor in ("actor-0", "actor-1"):  # received == taken + dropped + buffered, across the resume
+        assert resumed.received[actor] == resumed.taken[actor] + resumed.dropped_by_actor[actor]
+    assert resumed.received["actor-0"] == 4 and resumed.dropped["resumed"] == 2

@@ -462,3 +462,46 @@ def test_the_stores_listen_on_their_host_only():
         assert ours.get("k") == b"v"
     finally:
         del ours, plain
+
+
+def _fuzz_store(port: int, frames: int, seed: int) -> int:
+    """``frames`` frames of random bytes (some led by a plausible command byte) at the store on
+    ``port``, on as many connections as the store closes; returns how many it closed."""
+    import random
+    import socket
+
+    rng = random.Random(seed)
+    sock, sent, closed = None, 0, 0
+    while sent < frames:
+        if sock is None:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+        data = rng.randbytes(rng.choice([1, 2, 8, 64, 512, 4096]))
+        if rng.random() < 0.5:
+            data = bytes([rng.randrange(0, 32)]) + data
+        try:
+            sock.sendall(data)
+            sent += 1
+        except OSError:
+            sock.close()
+            sock, closed = None, closed + 1
+    if sock is not None:
+        sock.close()
+    return closed
+
+
+def test_ten_thousand_garbage_frames_at_the_weight_store_change_nothing(cluster):
+    """The weight group's store (torch's TCPStore, on the publisher) refuses malformed messages by
+    closing the connection (torch logs each); it stays up and the next publish is bit-exact."""
+    import psutil
+
+    c = cluster(2)
+    rss = psutil.Process().memory_info().rss
+    closed = _fuzz_store(c.publisher.port, 10_000, seed=0)
+    assert closed >= 10  # the store hung up on malformed messages (a partial one waits for its rest)
+    assert psutil.Process().memory_info().rss - rss < 64 << 20
+    c.spawn(1)
+    c.tell("receive")
+    named = _weights(3)
+    c.publisher.publish(named, version=1)
+    ((status, _, version, prints, _),) = c.collect()[1]
+    assert (status, version, prints) == ("ok", 1, _prints(named))

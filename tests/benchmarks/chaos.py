@@ -1,0 +1,282 @@
+"""A chaos run: a training job while a monkey SIGKILLs one of its processes every few seconds.
+
+    make chaos [ARGS="--minutes 15 --every 45 --seed 0 --baseline --json chaos.json"]
+
+The job is the real command line (``python -m launch.train``, Ray, a vLLM actor, FSDP learner):
+asynchronous GRPO on ActionWords, the job the end-to-end test learns with, at a learning rate
+that makes its reward rise over minutes rather than seconds, with one actor and one learner
+rank, its envs served by two env services (``python -m envs.main``) that the actor fails over
+between (``actors.env_address`` lists both). Every ``--every`` seconds the monkey picks a kind
+at random among ``--kinds`` and SIGKILLs one process of that kind:
+
+- ``actor``: the inference actor's Ray process (the supervisor replaces it);
+- ``engine``: the actor's vLLM engine core (the actor is found dead and replaced);
+- ``env_worker``: a worker process of an env service's pool (the pool replaces it);
+- ``env_service``: a whole env service (the actor fails over to the other); it is started again
+  at its address ``--service-down-s`` later;
+- ``learner``: learner rank 0 (the run stops with its checkpoints; the monkey starts the
+  command again with ``train.resume=<run dir>``, as a user would).
+
+After ``--minutes`` the job gets SIGTERM (a checkpoint, then a clean stop). Time to recover: from
+a kill to the first training step logged after it. The report: kills by kind, recoveries, time to
+recover (median, max), the episodes failed by reason and lost, the episode ledger's identities
+at the end (docs/faults.md), and the reward curve (mean of the first and the last 5 steps),
+against a job of the same length without the monkey with ``--baseline``. Exit status 1 if an
+identity fails, a kill was not recovered from, or the reward did not rise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.benchmarks.report import report
+
+ROOT = Path(__file__).resolve().parents[2]
+KINDS = ("actor", "engine", "env_worker", "env_service", "learner")
+JOB = ["env=action_words", "algorithm=grpo", "warm_start.enabled=false", "train.steps=1000000",
+       "train.batch_size=32", "train.eval_every=0", "train.eval_seeds=8", "train.checkpoint_every=5",
+       "learner.ranks=1", "learner.max_staleness=1", "learner.lr=1e-3", "actors.num=1",
+       "actors.concurrency=16", "actors.group_size=8", "actors.max_tokens=12", "actors.max_restarts=1000",
+       "actors.env_workers=2", "actors.envs_per_worker=8", "actors.env_timeout_s=10",
+       "actors.env_heartbeat_s=1", "actors.env_grace_s=300", "logger.wandb=false", "ray.num_cpus=4",
+       "ray.call_timeout_s=60"]
+
+
+class EnvService:
+    """``python -m envs.main`` on a fixed loopback port, startable again at the same address."""
+
+    def __init__(self, port: int, log_dir: Path) -> None:
+        self.address = f"tcp://127.0.0.1:{port}"
+        self.log = log_dir / f"env-service-{port}.log"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "envs.main", "--bind", self.address, "--env", "action_words",
+                 "--env-workers", "2", "--envs-per-worker", "8"],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def workers(self) -> list[psutil.Process]:
+        return [p for p in _tree(self.proc) if "spawn_main" in _cmdline(p)]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _kill_tree(self.proc)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tree(proc: subprocess.Popen | None) -> list[psutil.Process]:
+    if proc is None or proc.poll() is not None:
+        return []
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join([p.name(), *p.cmdline()])
+    except psutil.Error:
+        return ""
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and every descendant, by pid; wait for them."""
+    family = _tree(proc)
+    for p in family:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+    psutil.wait_procs(family, timeout=30)
+
+
+def _launch(run_dir: Path, extra: list[str]) -> subprocess.Popen:
+    with open(run_dir.parent / f"driver-{time.strftime('%H%M%S')}.log", "w") as log:  # the child keeps its copy
+        return subprocess.Popen([sys.executable, "-m", "launch.train", *JOB, *extra, f"hydra.run.dir={run_dir}"],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _train_records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line being written
+            continue
+        if row.get("kind") == "train":
+            rows.append(row)
+    return rows
+
+
+def _victim(kind: str, driver: subprocess.Popen, services: list[EnvService],
+            rng: random.Random) -> psutil.Process | EnvService | None:
+    tree = _tree(driver)
+    if kind == "actor":
+        found = [p for p in tree if "InferenceActor" in _cmdline(p) and "EngineCore" not in _cmdline(p)]
+    elif kind == "engine":
+        found = [p for p in tree if "EngineCore" in _cmdline(p)]
+    elif kind == "learner":
+        ranks = [p for p in tree if "LearnerWorker" in _cmdline(p)]
+        found = [min(ranks, key=lambda p: p.create_time())] if ranks else []
+    elif kind == "env_worker":
+        found = [w for s in services for w in s.workers()]
+    else:  # env_service: never both at once (the actor would wait out the grace)
+        live = [s for s in services if s.proc is not None and s.proc.poll() is None]
+        return rng.choice(live) if len(live) == len(services) else None
+    return rng.choice(found) if found else None
+
+
+def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_down_s: float,
+          work: Path, monkey: bool = True) -> dict:
+    """One job of ``minutes``, with the monkey unless ``monkey`` is False; its report as a dict."""
+    rng = random.Random(seed)
+    run_dir = work / "run"
+    services = [EnvService(_free_port(), work) for _ in range(2)]
+    extra = [f"actors.env_address=[{','.join(s.address for s in services)}]", f"seed={seed}"]
+    kills: list[dict] = []
+    restarts, driver = 0, None
+    try:
+        driver = _launch(run_dir, extra)
+        t_end = time.monotonic() + 60 * minutes
+        next_kill = time.monotonic() + every_s
+        down: list[tuple[float, EnvService]] = []
+        while time.monotonic() < t_end:
+            time.sleep(0.5)
+            now = time.monotonic()
+            seen = {(r["step"], r["time_s"]) for r in _train_records(run_dir)}
+            for k in kills:
+                if "recovered_s" not in k and seen - k["seen"]:
+                    k["recovered_s"] = round(now - k["at"], 1)
+            for at, service in list(down):
+                if now >= at:
+                    service.start()
+                    down.remove((at, service))
+            if driver.poll() is not None:  # the learner's death ended the run: resume it
+                restarts += 1
+                driver = _launch(run_dir, [*extra, f"train.resume={run_dir}"])
+                continue
+            if not monkey or now < next_kill or not seen:
+                continue
+            kind = rng.choice(kinds)
+            victim = _victim(kind, driver, services, rng)
+            if victim is None:
+                continue  # none of that kind now (a service already down): another time
+            next_kill = now + every_s
+            if isinstance(victim, EnvService):
+                victim.stop()
+                down.append((now + service_down_s, victim))
+            else:
+                try:
+                    victim.kill()
+                except psutil.Error:
+                    continue
+            kills.append({"kind": kind, "at": now, "seen": seen})
+            print(f"[chaos] {time.strftime('%H:%M:%S')} killed {kind}", flush=True)
+        driver.send_signal(signal.SIGTERM)  # a checkpoint, then a clean stop
+        driver.wait(timeout=600)
+    finally:
+        if driver is not None and driver.poll() is None:
+            _kill_tree(driver)
+        for s in services:
+            s.stop()
+    return _result(run_dir, kills, restarts)
+
+
+def _result(run_dir: Path, kills: list[dict], restarts: int) -> dict:
+    rows = _train_records(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ep = summary.get("episodes", {})
+    received = sum(a["received"] for a in summary.get("accounting", {}).values())
+    identities = {
+        "in_flight == 0": ep.get("episodes/in_flight") == 0,
+        "started == done + failed + cancelled + in_flight + lost": ep.get("episodes/started") == sum(
+            ep.get(f"episodes/{k}", 0) for k in ("done", "failed", "cancelled", "in_flight", "lost")),
+        "done == sent + unsent + held": ep.get("episodes/done") == sum(
+            ep.get(f"episodes/{k}", 0) for k in ("sent", "unsent", "held")),
+        "sent >= received": ep.get("episodes/sent", 0) >= received,
+    }
+    rewards = [r["rollout/reward"] for r in rows]
+    times = [k["recovered_s"] for k in kills if "recovered_s" in k]
+    by_kind = {kind: sum(k["kind"] == kind for k in kills) for kind in KINDS}
+    return {
+        "steps": len(rows), "minutes": round(rows[-1]["time_s"] / 60, 1) if rows else 0,
+        "kills": by_kind, "recovered": len(times), "killed": len(kills), "driver_restarts": restarts,
+        "recover_median_s": statistics.median(times) if times else None,
+        "recover_max_s": max(times) if times else None,
+        "reward_first5": statistics.mean(rewards[:5]) if rewards else None,
+        "reward_last5": statistics.mean(rewards[-5:]) if rewards else None,
+        "episodes": ep, "failed": {k: v for k, v in ep.items() if k.startswith("failed/")},
+        "identities": identities, "error": summary.get("error"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--minutes", type=float, default=15.0)
+    p.add_argument("--every", type=float, default=45.0, help="seconds between kills")
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--service-down-s", type=float, default=20.0)
+    p.add_argument("--baseline", action="store_true", help="also a job of the same length without kills")
+    p.add_argument("--dir", help="keep the run directories here (default: a temporary one)")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    kinds = [k for k in a.kinds.split(",") if k]
+    if not set(kinds) <= set(KINDS):
+        p.error(f"--kinds: choose among {KINDS}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(a.dir or tmp)
+        runs = {"chaos": True, **({"baseline": False} if a.baseline else {})}
+        results = {}
+        for name, monkey in runs.items():
+            work = base / name
+            work.mkdir(parents=True, exist_ok=True)
+            results[name] = chaos(a.minutes, a.every, kinds, a.seed, a.service_down_s, work, monkey)
+    report([{"run": name, "steps": r["steps"], "kills": r["killed"], "recovered": r["recovered"],
+             "driver restarts": r["driver_restarts"],
+             "recover median / max s": f"{r['recover_median_s']} / {r['recover_max_s']}",
+             "reward first 5 -> last 5": f"{r['reward_first5']:.2f} -> {r['reward_last5']:.2f}",
+             "failed": int(r["episodes"].get("episodes/failed", 0)),
+             "lost": int(r["episodes"].get("episodes/lost", 0))} for name, r in results.items()])
+    chaotic = results["chaos"]
+    print("\nkills by kind:", chaotic["kills"])
+    print("failed by reason:", chaotic["failed"])
+    print("identities:", chaotic["identities"])
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    ok = (all(chaotic["identities"].values()) and chaotic["recovered"] == chaotic["killed"]
+          and chaotic["reward_last5"] > chaotic["reward_first5"] + 0.1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

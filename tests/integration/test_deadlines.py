@@ -1,0 +1,119 @@
+"""Nothing the driver asks of a Ray actor waits forever (launch/topology/ray_cluster.py).
+
+On a real local Ray cluster: a call past its deadline is a ``CallTimeout`` naming the call; an
+actor whose event loop is blocked, whose engine is dead or whose engine stalled is found by
+``hung_actors`` without the driver waiting; a learner rank stuck in a call is reported with
+what it is doing and its threads' stacks, asked on its own concurrency group while the call
+hangs (a real ``LearnerWorker`` on the tiny model, waiting for a batch no actor sends)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import ray
+
+from actors.weight_updates import EngineDead
+from launch.config.builders import worker_config
+from launch.config.compose import compose
+from launch.model.tiny_model import build_tiny_model
+from launch.topology.protocol import ActorsFailed, CallTimeout, LearnerHung
+from launch.topology.ray_cluster import RayCluster, is_dead, learner_actor_class
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+class _Actor:
+    """Answers liveness as told: ``blocked`` blocks its event loop for good."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    async def ready(self) -> bool:
+        return True
+
+    async def liveness(self) -> dict:
+        if self.kind == "blocked":
+            time.sleep(60)  # the point: the event loop is blocked, nothing answers
+        return {"requests": 2 if self.kind == "stalled" else 0,
+                "stalled_s": 100.0 if self.kind == "stalled" else 0.0,
+                "engine_dead": self.kind == "engine_dead"}
+
+    async def evaluate(self, seeds: list[int], record: int = 0) -> dict:
+        await asyncio.sleep(60 if self.kind == "slow" else 0)
+        return {"success": 1.0, "reward": 1.0, "format_correct": 1.0, "turns": 1.0, "n": len(seeds)}
+
+
+def _cluster(*overrides: str) -> RayCluster:
+    return RayCluster(compose(["logger.wandb=false", "ray.call_timeout_s=1", "ray.stall_s=50",
+                               "ray.eval_timeout_s=2", *overrides]))
+
+
+def test_hung_actors_finds_a_blocked_loop_a_dead_engine_and_a_stall_without_waiting(local_ray):
+    cluster = _cluster()
+    kinds = ["fine", "blocked", "engine_dead", "stalled"]
+    cluster.actors = [ray.remote(_Actor).remote(k) for k in kinds]
+    try:
+        ray.get([a.ready.remote() for a in cluster.actors])  # their processes are up
+        t0 = time.monotonic()
+        hung = cluster.hung_actors()  # asks; answers come later
+        assert time.monotonic() - t0 < 0.5
+        while set(hung) != {1, 2, 3} and time.monotonic() - t0 < 20:
+            time.sleep(0.2)  # past call_timeout_s the blocked one is hung; the others answer
+            hung.update(cluster.hung_actors())
+        assert set(hung) == {1, 2, 3}, hung
+        assert isinstance(hung[1], CallTimeout) and "liveness" in str(hung[1])
+        assert isinstance(hung[2], EngineDead)
+        assert isinstance(hung[3], CallTimeout) and "100.0 s" in str(hung[3])
+        assert all(is_dead(e) for e in hung.values())
+        # stall_s=0 turns the stall check off; the blocked actor stays hung (its call is still out)
+        cluster.cfg.ray.stall_s = 0
+        time.sleep(0.2)
+        again = cluster.hung_actors()
+        assert 3 not in again and 1 in again
+    finally:
+        for a in cluster.actors:
+            ray.kill(a)
+
+
+def test_an_evaluation_past_its_deadline_fails_only_the_slow_actor(local_ray):
+    cluster = _cluster()
+    cluster.actors = [ray.remote(_Actor).remote(k) for k in ("fine", "slow")]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ActorsFailed) as info:
+            cluster.evaluate(list(range(8)))
+        assert 2 <= time.monotonic() - t0 < 10
+        assert set(info.value.errors) == {1}
+        assert isinstance(info.value.errors[1], CallTimeout) and "evaluate" in str(info.value.errors[1])
+    finally:
+        for a in cluster.actors:
+            ray.kill(a)
+
+
+def test_a_learner_rank_stuck_in_a_call_is_reported_with_its_op_and_stacks(local_ray, tmp_path):
+    model = build_tiny_model(tmp_path / "model", seed=0)
+    cfg = compose(["logger.wandb=false", "learner.ranks=1", "ray.call_timeout_s=5"])
+    cluster = RayCluster(cfg)
+    worker = learner_actor_class().options(num_cpus=1).remote(
+        0, 1, worker_config(cfg, str(model)))
+    cluster.learners = [worker]
+    try:
+        cluster._learners([worker.setup.remote(None)], "setup", 120)
+        # no actor sends: rank 0 waits 30 s for its batch; the driver's deadline is 2 s
+        with pytest.raises(LearnerHung) as info:
+            cluster._learners([worker.train_step.remote(4, 30.0)], "train_step", 2.0)
+        report = str(info.value)
+        assert "no answer to train_step within 2 s" in report
+        assert "rank 0" in report and "in train_step for" in report
+        assert "in take" in report  # the rank's stack: Inbox.take, waiting for the batch
+    finally:
+        ray.kill(worker)
