@@ -18,11 +18,11 @@ endif
 export VLLM_NO_USAGE_STATS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install train test lint test-slow bench soak system clean
+.PHONY: install train test lint test-slow bench soak chaos system clean
 
 # Tests and benchmarks build their models here and never ask the Hugging Face hub; a run asks it
 # only for a model named by hub id (launch/model/hub.py's hub_access).
-test test-slow bench soak: export HF_HUB_OFFLINE ?= 1
+test test-slow bench soak chaos: export HF_HUB_OFFLINE ?= 1
 
 install: system $(STAMP)
 
@@ -71,6 +71,11 @@ bench: install
 # An hour of the default job; fails if total memory grows by more than 5% after warm-up.
 soak: install
 	$(BIN)/python -m tests.benchmarks.soak $(ARGS)
+
+# A training job while a monkey kills one of its processes every 45 s for 15 minutes
+# (tests/benchmarks/chaos.py; docs/faults.md).
+chaos: install
+	$(BIN)/python -m tests.benchmarks.chaos $(ARGS)
 
 # Idempotent root-only setup (Mesa's Vulkan drivers for ManiSkill); says so and goes on where it
 # cannot run.

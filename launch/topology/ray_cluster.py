@@ -45,6 +45,9 @@ from transport import security
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
+WATCH_S = 2.0
+"""While actors wait on the learner (a weight push, joining the weight group), the learner ranks
+are checked this often: a dead one ends the wait at once."""
 
 
 @dataclass(frozen=True)
@@ -336,13 +339,23 @@ class RayCluster:
         answers = self._gather(refs, "run", self.cfg.ray.step_timeout_s)
         return {i: e for i, e in answers.items() if isinstance(e, BaseException)}
 
-    def _gather(self, refs: dict[int, Any], what: str, timeout_s: float) -> dict[int, Any]:
+    def _gather(self, refs: dict[int, Any], what: str, timeout_s: float,
+                watch_learners: bool = False) -> dict[int, Any]:
         """By actor index: the result of its call, or its error (``CallTimeout`` if it gave no
-        answer within ``timeout_s``, counted from now for all together)."""
+        answer within ``timeout_s``, counted from now for all together). ``watch_learners``: the
+        call waits on the learner too (the weight group): a learner rank that dies meanwhile
+        raises its error within ``WATCH_S`` instead of leaving the actors to their deadline."""
         if not refs:
             return {}
-        done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        finished = set(done)
+        deadline = time.monotonic() + timeout_s
+        pending = list(refs.values())
+        while pending and (left := deadline - time.monotonic()) > 0:
+            _, pending = ray.wait(pending, num_returns=len(pending),
+                                  timeout=min(left, WATCH_S) if watch_learners else left)
+            if pending and watch_learners:
+                self._learners([w.liveness.options(concurrency_group="liveness").remote() for w in self.learners],
+                               "liveness", self.cfg.ray.call_timeout_s)
+        finished = set(refs.values()) - set(pending)
         out: dict[int, Any] = {}
         for i, ref in refs.items():
             if ref not in finished:
@@ -404,7 +417,7 @@ class RayCluster:
         t0 = time.perf_counter()
         learner_refs = [w.publish_weights.remote() for w in self.learners]
         answers = self._gather({i: a.update_weights.remote(version) for i, a in enumerate(self.actors)},
-                               "update_weights", self.cfg.ray.step_timeout_s)
+                               "update_weights", self.cfg.ray.step_timeout_s, watch_learners=True)
         # then the learners, whose publish gives up on a silent peer (transport.weight_timeout_s)
         _, pending = ray.wait(learner_refs, num_returns=len(learner_refs), timeout=self.cfg.ray.call_timeout_s)
         if pending:
@@ -442,7 +455,7 @@ class RayCluster:
         _all_answered("join_weight_group", self._gather(
             {i: a.join_weight_group.remote(g.address, slot.weight_ranks[0], g.world_size, g.timeout_s)
              for i, (a, slot) in enumerate(zip(self.actors, self._slots))},
-            "join_weight_group", self.cfg.ray.step_timeout_s))
+            "join_weight_group", self.cfg.ray.step_timeout_s, watch_learners=True))
 
     def _roles(self) -> Roles:
         cfg = self.cfg

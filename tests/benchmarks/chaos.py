@@ -17,7 +17,10 @@ at random among ``--kinds`` and SIGKILLs one process of that kind:
 - ``learner``: learner rank 0 (the run stops with its checkpoints; the monkey starts the
   command again with ``train.resume=<run dir>``, as a user would).
 
-After ``--minutes`` the job gets SIGTERM (a checkpoint, then a clean stop). Time to recover: from
+The kinds come in rounds, each round every kind once in a random order, so a run of 15
+minutes kills each kind about four times. The monkey rests for the last ``max(2 x --every, 90)``
+seconds, so every kill has time to be recovered from; then the job gets SIGTERM (a checkpoint,
+then a clean stop) and its summary is the run's. Time to recover: from
 a kill to the first training step logged after it. The report: kills by kind, recoveries, time to
 recover (median, max), the episodes failed by reason and lost, the episode ledger's identities
 at the end (docs/faults.md), and the reward curve (mean of the first and the last 5 steps),
@@ -158,6 +161,7 @@ def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_d
           work: Path, monkey: bool = True) -> dict:
     """One job of ``minutes``, with the monkey unless ``monkey`` is False; its report as a dict."""
     rng = random.Random(seed)
+    rounds: list[str] = []
     run_dir = work / "run"
     services = [EnvService(_free_port(), work) for _ in range(2)]
     extra = [f"actors.env_address=[{','.join(s.address for s in services)}]", f"seed={seed}"]
@@ -166,6 +170,7 @@ def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_d
     try:
         driver = _launch(run_dir, extra)
         t_end = time.monotonic() + 60 * minutes
+        t_rest = t_end - max(2 * every_s, 90.0)
         next_kill = time.monotonic() + every_s
         down: list[tuple[float, EnvService]] = []
         while time.monotonic() < t_end:
@@ -183,12 +188,15 @@ def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_d
                 restarts += 1
                 driver = _launch(run_dir, [*extra, f"train.resume={run_dir}"])
                 continue
-            if not monkey or now < next_kill or not seen:
+            if not monkey or now < next_kill or now > t_rest or not seen:
                 continue
-            kind = rng.choice(kinds)
+            if not rounds:
+                rounds = rng.sample(kinds, len(kinds))
+            kind = rounds[0]
             victim = _victim(kind, driver, services, rng)
             if victim is None:
-                continue  # none of that kind now (a service already down): another time
+                continue  # none of that kind now (a service down, an actor restarting): soon
+            rounds.pop(0)
             next_kill = now + every_s
             if isinstance(victim, EnvService):
                 victim.stop()
@@ -200,6 +208,13 @@ def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_d
                     continue
             kills.append({"kind": kind, "at": now, "seen": seen})
             print(f"[chaos] {time.strftime('%H:%M:%S')} killed {kind}", flush=True)
+        if driver.poll() is not None:  # died in the rest: the summary must be a clean stop's
+            restarts += 1
+            driver = _launch(run_dir, [*extra, f"train.resume={run_dir}"])
+            steps = len(_train_records(run_dir))
+            deadline = time.monotonic() + 300
+            while len(_train_records(run_dir)) <= steps and time.monotonic() < deadline:
+                time.sleep(1)
         driver.send_signal(signal.SIGTERM)  # a checkpoint, then a clean stop
         driver.wait(timeout=600)
     finally:
@@ -253,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if not set(kinds) <= set(KINDS):
         p.error(f"--kinds: choose among {KINDS}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks stop the job
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(a.dir or tmp)
         runs = {"chaos": True, **({"baseline": False} if a.baseline else {})}

@@ -117,3 +117,31 @@ def test_a_learner_rank_stuck_in_a_call_is_reported_with_its_op_and_stacks(local
         assert "in take" in report  # the rank's stack: Inbox.take, waiting for the batch
     finally:
         ray.kill(worker)
+
+
+class _Learner:
+    def liveness(self, stacks: bool = False) -> dict:
+        return {"rank": 0, "pid": 0, "doing": "publish_weights", "for_s": 0.0}
+
+
+def test_a_learner_dying_while_the_actors_wait_on_it_ends_the_wait_at_once(local_ray):
+    """Joining the weight group or receiving a push waits on learner rank 0 (the group's store):
+    if it dies meanwhile, the wait ends with its death in seconds, not at the actors' deadline."""
+    import threading
+
+    import ray.exceptions
+
+    cluster = _cluster("ray.call_timeout_s=30")
+    cluster.actors = [ray.remote(_Actor).remote("slow")]
+    learner = ray.remote(concurrency_groups={"liveness": 1})(_Learner).remote()
+    cluster.learners = [learner]
+    try:
+        ray.get([cluster.actors[0].ready.remote(), learner.liveness.remote()])
+        threading.Timer(1.0, ray.kill, (learner,)).start()
+        t0 = time.monotonic()
+        with pytest.raises(ray.exceptions.RayActorError):
+            cluster._gather({0: cluster.actors[0].evaluate.remote([1])}, "evaluate", 60, watch_learners=True)
+        assert time.monotonic() - t0 < 10
+    finally:
+        for a in cluster.actors:
+            ray.kill(a)
