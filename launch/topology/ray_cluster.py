@@ -299,7 +299,8 @@ class RayCluster:
         ``ray.stall_s``, is a hung actor too."""
         r, now = self.cfg.ray, time.monotonic()
         for i, a in enumerate(self.actors):
-            self._liveness.setdefault(i, (a.liveness.remote(), now))
+            if i not in self._liveness:  # one call out per actor: a blocked one gets no pile
+                self._liveness[i] = (a.liveness.remote(), now)
         done, _ = ray.wait([ref for ref, _ in self._liveness.values()], num_returns=len(self._liveness),
                            timeout=0)
         hung: dict[int, BaseException] = {}

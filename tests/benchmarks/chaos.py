@@ -75,7 +75,15 @@ class EnvService:
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def workers(self) -> list[psutil.Process]:
-        return [p for p in _tree(self.proc) if "spawn_main" in _cmdline(p)]
+        """The pool's worker processes: the children of its multiprocessing fork server."""
+        servers = [p for p in _tree(self.proc) if "forkserver" in _cmdline(p)]
+        found = []
+        for server in servers:
+            try:
+                found += server.children()
+            except psutil.Error:
+                continue
+        return found
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -194,8 +202,10 @@ def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_d
                 rounds = rng.sample(kinds, len(kinds))
             kind = rounds[0]
             victim = _victim(kind, driver, services, rng)
-            if victim is None:
-                continue  # none of that kind now (a service down, an actor restarting): soon
+            if victim is None:  # none of that kind now (a service down, an actor restarting): soon,
+                if now > next_kill + every_s:  # or, after a whole interval, the next kind
+                    print(f"[chaos] {time.strftime('%H:%M:%S')} found no {rounds.pop(0)} to kill", flush=True)
+                continue
             rounds.pop(0)
             next_kill = now + every_s
             if isinstance(victim, EnvService):
