@@ -162,9 +162,21 @@ class RayCluster:
                                                          skip_groups=stream_at["groups_drawn"])
         for i in range(len(self._slots)):
             self.actors.append(self._new_actor(i))
-        _all_answered("start", self._gather({i: a.start.remote() for i, a in enumerate(self.actors)},
-                                            "start", cfg.ray.start_timeout_s))
+        self._start_actors()
         self._join_weight_group()
+
+    def _start_actors(self) -> None:
+        """Start every actor; one that dies or fails while starting is replaced by its next
+        incarnation (``restart_actor``, within ``actors.max_restarts``)."""
+        answers = self._gather({i: a.start.remote() for i, a in enumerate(self.actors)}, "start",
+                               self.cfg.ray.start_timeout_s)
+        failed = {i: e for i, e in answers.items() if isinstance(e, BaseException)}
+        while failed:
+            i, error = failed.popitem()
+            try:
+                self.restart_actor(i, error)
+            except ActorsFailed as again:
+                failed[i] = again.errors[i]
 
     def shutdown(self) -> None:
         """Stop what was started, in order: actors (engines, env pools, senders), learners, Ray.

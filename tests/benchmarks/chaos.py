@@ -246,8 +246,10 @@ def _result(run_dir: Path, kills: list[dict], restarts: int) -> dict:
             ep.get(f"episodes/{k}", 0) for k in ("done", "failed", "cancelled", "in_flight", "lost")),
         "done == sent + unsent + held": ep.get("episodes/done") == sum(
             ep.get(f"episodes/{k}", 0) for k in ("sent", "unsent", "held")),
-        "sent >= received": ep.get("episodes/sent", 0) >= received,
     }
+    # Not an identity across restarts: a replaced incarnation's sent count is its last reading's,
+    # and what it sent after that arrived (negative in_transit, at most what it had in flight).
+    in_transit = ep.get("episodes/sent", 0) - received
     rewards = [r["rollout/reward"] for r in rows]
     times = [k["recovered_s"] for k in kills if "recovered_s" in k]
     by_kind = {kind: sum(k["kind"] == kind for k in kills) for kind in KINDS}
@@ -259,7 +261,7 @@ def _result(run_dir: Path, kills: list[dict], restarts: int) -> dict:
         "reward_first5": statistics.mean(rewards[:5]) if rewards else None,
         "reward_last5": statistics.mean(rewards[-5:]) if rewards else None,
         "episodes": ep, "failed": {k: v for k, v in ep.items() if k.startswith("failed/")},
-        "identities": identities, "error": summary.get("error"),
+        "identities": identities, "in_transit": in_transit, "error": summary.get("error"),
     }
 
 

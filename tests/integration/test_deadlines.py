@@ -14,6 +14,7 @@ import time
 import pytest
 import ray
 
+from actors.config import ActorConfig
 from actors.weight_updates import EngineDead
 from launch.config.builders import worker_config
 from launch.config.compose import compose
@@ -142,6 +143,38 @@ def test_a_learner_dying_while_the_actors_wait_on_it_ends_the_wait_at_once(local
         with pytest.raises(ray.exceptions.RayActorError):
             cluster._gather({0: cluster.actors[0].evaluate.remote([1])}, "evaluate", 60, watch_learners=True)
         assert time.monotonic() - t0 < 10
+    finally:
+        for a in cluster.actors:
+            ray.kill(a)
+
+
+class _Starting:
+    """An actor whose start fails in its first ``fail`` incarnations (its engine killed as it starts)."""
+
+    def __init__(self, incarnation: int, fail: int) -> None:
+        self.incarnation, self.fail = incarnation, fail
+
+    async def start(self) -> dict:
+        if self.incarnation < self.fail:
+            raise RuntimeError("Engine core initialization failed: {'EngineCore': -9}")
+        return {"start_s": 0.0}
+
+
+@pytest.mark.parametrize("fail,limit,ok", [(2, 3, True), (2, 1, False)])
+def test_an_actor_that_dies_while_starting_is_replaced_within_its_restarts(local_ray, monkeypatch, fail, limit, ok):
+    cluster = _cluster(f"actors.max_restarts={limit}")
+    cluster.incarnations = [0, 0]
+    cluster._actor_configs = [ActorConfig(model_path="m")] * 2
+    monkeypatch.setattr(cluster, "_new_actor", lambda i: ray.remote(_Starting).remote(
+        cluster.incarnations[i], fail if i == 1 else 0))
+    cluster.actors = [cluster._new_actor(i) for i in range(2)]
+    try:
+        if ok:
+            cluster._start_actors()
+            assert cluster.incarnations == [0, fail]  # only the failing one, replaced until it started
+        else:
+            with pytest.raises(RuntimeError, match="actor 1 failed after 1 restarts"):
+                cluster._start_actors()
     finally:
         for a in cluster.actors:
             ray.kill(a)
