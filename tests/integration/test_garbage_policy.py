@@ -1,11 +1,11 @@
 """A policy that writes garbage: the tiny model with random weights sampling at temperature 2 (vLLM's highest),
 long answers, on FrozenLake through a real vLLM engine and env workers. Nothing crashes, no
 answer is ever well-formed, and every episode ends by one of its limits (the turn limit or the
-context: no answer moves the agent), with every answer within its token cap.
+context; rarely the env's end, where a malformed answer still named a move), with every answer
+within its token cap.
 
- end by their limits (the turns or the context: no answer ever moves the agent). One
-batch of episodes by default; ``GARBAGE_MINUTES=10`` runs the ten-minute version (measured
-figures: docs/faults.md)."""
+One batch of episodes by default; ``GARBAGE_MINUTES=10`` runs the ten-minute version
+(docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -53,8 +53,11 @@ def test_random_tokens_at_high_temperature_end_by_their_limits(model):
         assert last_answer_token + 1 <= MAX_CONTEXT - 1  # room kept for the end-of-turn
         assert m["turns"] < MAX_TURNS or len(t.token_ids) <= MAX_CONTEXT
         assert m["generated_tokens"] <= m["turns"] * MAX_TOKENS
-        # no answer moves the agent, so each episode ended by a limit: the turns or the context
-        assert m["turns"] == MAX_TURNS or m["context_tokens"] + MAX_TOKENS > MAX_CONTEXT
+    # each episode ended by a limit (the turns or the context), or, rarely, by the env: an answer
+    # malformed as a whole that still named a move (one in the ten-minute run, at turn 3)
+    by_env = sum(t.metrics["turns"] < MAX_TURNS and t.metrics["context_tokens"] + MAX_TOKENS <= MAX_CONTEXT
+                 for t in trajectories)
+    assert by_env <= max(1, played // 100)
     # garbage runs to the caps: every answer but the last to max_tokens, the last to the context
     capped = sum(t.metrics["generated_tokens"] >= (t.metrics["turns"] - 1) * MAX_TOKENS for t in trajectories)
     assert capped > played / 2
