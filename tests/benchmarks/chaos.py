@@ -46,6 +46,7 @@ from pathlib import Path
 import psutil
 
 from tests.benchmarks.report import report
+from tests.integration.test_resume import _stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("actor", "engine", "env_worker", "env_service", "learner")
@@ -87,7 +88,7 @@ class EnvService:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _kill_tree(self.proc)
+            _stop_all(self.proc, [])
 
 
 def _free_port() -> int:
@@ -110,20 +111,6 @@ def _cmdline(p: psutil.Process) -> str:
         return " ".join([p.name(), *p.cmdline()])
     except psutil.Error:
         return ""
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc`` and every descendant, by pid; wait for them."""
-    family = _tree(proc)
-    for p in family:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=30)
-    psutil.wait_procs(family, timeout=30)
 
 
 def _launch(run_dir: Path, extra: list[str]) -> subprocess.Popen:
@@ -229,7 +216,7 @@ def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_d
         driver.wait(timeout=600)
     finally:
         if driver is not None and driver.poll() is None:
-            _kill_tree(driver)
+            _stop_all(driver, [])
         for s in services:
             s.stop()
     return _result(run_dir, kills, restarts)

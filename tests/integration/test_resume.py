@@ -74,8 +74,10 @@ def _learner_rank0(proc: subprocess.Popen) -> psutil.Process:
 
 
 def _stop_all(proc: subprocess.Popen, known: list[psutil.Process]) -> None:
-    """Kill the driver and whatever of its process tree is left, by pid."""
-    for p in [*known, *_descendants(proc)]:
+    """Kill the driver and whatever of its process tree is left (and ``known`` processes of it
+    seen earlier), by pid; wait for them all."""
+    family = [*known, *_descendants(proc)]
+    for p in family:
         try:
             p.kill()
         except psutil.Error:
@@ -83,7 +85,7 @@ def _stop_all(proc: subprocess.Popen, known: list[psutil.Process]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait(timeout=30)
-    psutil.wait_procs(known, timeout=30)
+    psutil.wait_procs(family, timeout=30)
 
 
 def _crash_then_resume(tmp_path: Path, crash, *extra: str) -> tuple[dict, Path, list]:
