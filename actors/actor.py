@@ -76,9 +76,10 @@ envs) ``env_services_live`` and ``env_services_down``. Every training episode st
 exactly one of done, failed (with a reason) and cancelled (by ``stop``, or beside an episode
 whose error ended ``run``); every done one is sent, unsent (the actor closed before the learner
 gave credit) or held (its group not ended yet)."""
-TIMES = ("engine_start_s", "generate_s", "env_s", "weights_s", "idle_s")
+TIMES = ("engine_start_s", "generate_s", "env_s", "weights_s", "idle_s", "send_s")
 """Seconds in ``stats()`` as ``time/<name>``: generate_s / env_s summed over training episodes
-(they overlap), weights_s in ``update_weights``, idle_s with no request in the engine."""
+(they overlap), weights_s in ``update_weights``, idle_s with no request in the engine, send_s
+in the sender thread sending trajectories, most of it waiting for the learner's credit."""
 
 
 EVAL_KEY = 1 << 40
@@ -309,14 +310,18 @@ class InferenceActor:
 
     def _send(self, trajectory: Trajectory) -> None:
         """In the sender thread: wait for credit; once the actor is closing, for 0.5 s at most."""
-        while True:
-            try:
-                self._sender.send(trajectory, timeout_s=0.5)
-                return
-            except TimeoutError:
-                if self._closed:
-                    self.counts["episodes_unsent"] += 1
+        t0 = time.perf_counter()
+        try:
+            while True:
+                try:
+                    self._sender.send(trajectory, timeout_s=0.5)
                     return
+                except TimeoutError:
+                    if self._closed:
+                        self.counts["episodes_unsent"] += 1
+                        return
+        finally:
+            self.times["send_s"] += time.perf_counter() - t0
 
     async def _play(self, seed: int, group_id: int, temperature: float, top_p: float,
                     logprobs: bool = True, record: list[dict] | None = None, *,

@@ -16,12 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transport.schema import Trajectory
-
-GROUP_STRIDE = 10**9
-INCARNATION_STRIDE = 10**6
-"""group_id = actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + the incarnation's
-group count: unique across actors and their restarts."""
+from transport.schema import GROUP_STRIDE, INCARNATION_STRIDE, Trajectory
 
 
 class GroupStream:

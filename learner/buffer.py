@@ -77,6 +77,8 @@ class TrajectoryBuffer:
         """In the order of their first member's arrival (dicts keep insertion order)."""
         self._lone = 0
         self._size = 0
+        self.bytes = 0
+        """Wire bytes of the buffered trajectories (bounded by the stream's byte windows)."""
         self.received: Counter[str] = Counter()
         self.taken: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
@@ -107,6 +109,7 @@ class TrajectoryBuffer:
     def put(self, actor: str, trajectory: Trajectory, nbytes: int) -> None:
         self.received[actor] += 1
         self._size += 1
+        self.bytes += nbytes
         if trajectory.group_size == 0:
             key: object = ("alone", self._lone)
             self._lone += 1
@@ -147,6 +150,7 @@ class TrajectoryBuffer:
                     self.stale_kept += 1
                 self.taken[actor] += 1
                 self._size -= 1
+                self.bytes -= nbytes
                 self._release(actor, nbytes)
                 batch.append(trajectory)
         return batch
@@ -175,4 +179,5 @@ class TrajectoryBuffer:
             self.dropped[reason] += 1
             self.dropped_by_actor[actor] += 1
             self._size -= 1
+            self.bytes -= nbytes
             self._release(actor, nbytes)

@@ -15,7 +15,11 @@ Invariants:
 - every rank trains on the same list of trajectories, broadcast from rank 0 over a gloo group
   (objects are trusted here: they were validated when they came off the wire);
 - accounting, per actor: received == taken + dropped + buffered (see learner/buffer.py), across
-  resumes too (a checkpoint carries the counters).
+  resumes too (a checkpoint carries the counters);
+- per incarnation of an actor (``Trajectory.origin``): what this run received from it, for the
+  driver's episode ledger (launch/run/supervisor.py). Not carried by a checkpoint: the driver
+  settles a checkpoint's with the incarnations it retires. At most ``MAX_ORIGINS`` keys; later
+  ones share ``others``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import queue
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -48,6 +53,9 @@ from transport.security import ServerKeys
 from transport.weights import listening_store
 
 log = logging.getLogger(__name__)
+
+MAX_ORIGINS = 4096
+"""The most incarnations ``Inbox.by_origin`` counts apart (senders cannot grow it without bound)."""
 
 
 def _reported(method):
@@ -78,6 +86,8 @@ class Inbox:
                                        release=lambda actor, n: self._releases.put((actor, n)),
                                        group_size=group_size, partial_groups=partial_groups)
         self.door, self._version = door, version
+        self.by_origin: Counter[str] = Counter()
+        """Trajectories received per actor incarnation (``Trajectory.origin``), refused ones too."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="learner-inbox", daemon=True)
@@ -91,6 +101,9 @@ class Inbox:
                 with self._lock:
                     self.refused = refused
                     for actor, trajectory, nbytes in items:
+                        origin = trajectory.origin
+                        self.by_origin[origin if origin in self.by_origin
+                                       or len(self.by_origin) < MAX_ORIGINS else "others"] += 1
                         refusal = self.door and self.door.refusal(trajectory, self._version())
                         if refusal:
                             self._refuse(actor, refusal, nbytes)
@@ -138,6 +151,7 @@ class Inbox:
                 "buffer/partial_groups": float(b.partial_groups_taken),
                 "buffer/stale_kept": float(b.stale_kept),
                 "buffer/size": float(len(b)),
+                "buffer/bytes": float(b.bytes),
                 "buffer/staleness_max": float(max(staleness, default=0)),
                 "buffer/refused": float(sum(b.dropped[f"refused/{r}"] for r in REASONS)),
                 **{f"buffer/refused_{r}": float(b.dropped[f"refused/{r}"]) for r in REASONS},
@@ -149,9 +163,14 @@ class Inbox:
             return {a: {"received": b.received[a], "taken": b.taken[a],
                         "dropped": b.dropped_by_actor[a]} for a in b.received}
 
-    def counters(self) -> dict[str, Any]:
+    def received_by_origin(self) -> dict[str, int]:
         with self._lock:
-            return self.buffer.counters()
+            return dict(self.by_origin)
+
+    def counters(self) -> dict[str, Any]:
+        """The buffer's counters and ``received_by_origin`` (which ``carry`` leaves alone)."""
+        with self._lock:
+            return {**self.buffer.counters(), "received_by_origin": dict(self.by_origin)}
 
     def carry(self, saved: dict[str, Any]) -> None:
         with self._lock:
@@ -288,6 +307,10 @@ class LearnerWorker:
 
     def accounting(self) -> dict[str, dict[str, int]]:
         return self.inbox.per_actor() if self.inbox is not None else {}
+
+    def received_by_origin(self) -> dict[str, int]:
+        """Per actor incarnation (``"<actor_id>/<incarnation>"``): trajectories this run received."""
+        return self.inbox.received_by_origin() if self.inbox is not None else {}
 
     @_reported
     def save_checkpoint(self, path: str, extra: Mapping[str, Any]) -> None:

@@ -44,6 +44,10 @@ MAX_TOKENS = 1 << 20
 MAX_TURNS = 1 << 12
 MAX_IMAGES = 256
 MAX_GROUP = 1 << 12
+GROUP_STRIDE = 10**9
+INCARNATION_STRIDE = 10**6
+"""An actor's group ids: ``actor_id * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + k`` for
+its incarnation's k-th group, unique across actors and their restarts (actors/groups.py)."""
 
 
 class SchemaError(ValueError):
@@ -69,7 +73,8 @@ class Trajectory:
     env_name: str
     seed: int
     group_id: int
-    """Episodes of one GRPO group share it (n episodes per seed)."""
+    """Episodes of one GRPO group share it (n episodes per seed); it names the actor's
+    incarnation that played it (``GROUP_STRIDE``)."""
     token_ids: np.ndarray
     """int32, Shape: (L,)."""
     loss_mask: np.ndarray
@@ -102,6 +107,11 @@ class Trajectory:
         """The oldest weight version in the episode (staleness is measured from it)."""
         versions = self.policy_version[self.loss_mask]
         return int(versions.min()) if versions.size else -1
+
+    @property
+    def origin(self) -> str:
+        """``"<actor_id>/<incarnation>"``: the incarnation that sent it, from ``group_id``."""
+        return f"{self.actor_id}/{self.group_id % GROUP_STRIDE // INCARNATION_STRIDE}"
 
     def to_bytes(self) -> bytes:
         """The trajectory as typed msgpack (the module docstring's layout)."""

@@ -51,7 +51,7 @@ from launch.run import checkpoints
 from launch.run.memory import MemoryMonitor
 from launch.run.metrics import RunLogger
 from launch.run.pages import write_eval_page
-from launch.run.supervisor import Supervisor
+from launch.run.supervisor import Supervisor, origin
 from launch.topology.factory import make_cluster
 
 WAIT_SLICE_S = 5.0
@@ -145,7 +145,11 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
         summary["error"] = f"{type(e).__name__}: {e}"
         if supervisor.readings:  # a failed run's ledger too, as far as the actors still answer
             try:
-                summary["episodes"] = supervisor.ledger()
+                try:
+                    summary["episodes"] = _ledger(supervisor)
+                except Exception:  # noqa: BLE001 - no learner to ask: every incarnation's sent as read
+                    summary["episodes"] = supervisor.ledger(
+                        _sent_as_read([*supervisor.readings, *supervisor.retired]))
             except Exception as ledger_error:  # noqa: BLE001 - the run's own error is the one raised
                 summary["episodes"] = {"unreadable": f"{type(ledger_error).__name__}: {ledger_error}"}
         raise
@@ -198,7 +202,8 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
     if resume is not None:
         loaded = learners.load_checkpoint(resume["path"])
         step = int(loaded["step"])
-        supervisor.carry(loaded.get("ledger", {}))  # the episode ledger and fault counts go on
+        # the episode ledger and fault counts go on
+        supervisor.carry(loaded.get("ledger", {}), loaded.get("buffer", {}).get("received_by_origin", {}))
         dropped = sum(loaded.get("buffer", {}).get("dropped", {}).values())
         if loaded["optimizer_fingerprint_loaded"] != loaded["optimizer_fingerprint"]:
             raise RuntimeError(f"{resume['path']}: the optimizers did not come back as saved")
@@ -224,7 +229,7 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
         metrics.update({"timing/step_wall_s": wall, "throughput/trajectories_per_s": t.batch_size / wall,
                         "throughput/tokens_per_s": metrics.get("rollout/tokens", 0.0) / wall,
                         "actors/restarts": supervisor.restarts})
-        metrics.update(_ledger(supervisor, metrics))
+        metrics.update(_ledger(supervisor))
         if monitor is not None:  # memory as of the monitor thread's last sample (launch/run/memory.py)
             monitor.sample_cpu()
             if monitor.total:
@@ -249,7 +254,7 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
     _checkpoint(cfg, supervisor, run_dir, step)
     learners.save_final(run_dir, t.save_samples)
     accounting = learners.accounting()
-    ledger = _ledger(supervisor, {"stream/received": float(sum(a["received"] for a in accounting.values()))})
+    ledger = _ledger(supervisor)
     last = [e["success"] for e in evals[-3:]]
     return {"steps": step, "eval_before": evals[0]["success"] if evals else None,
             "eval_after": evals[-1]["success"] if evals else None,
@@ -258,13 +263,17 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
             "accounting": accounting, "episodes": ledger, "resumed_from": resumed}
 
 
-def _ledger(supervisor: Supervisor, learner: dict[str, float]) -> dict[str, float]:
-    """The supervisor's ledger (launch/run/supervisor.py) with the learner's side: every episode
-    the actors sent was received (``stream/received``: then taken, dropped or buffered, see
+def _ledger(supervisor: Supervisor) -> dict[str, float]:
+    """The supervisor's ledger (launch/run/supervisor.py) with the learner's side, read first:
+    every episode the actors sent was received (then taken, dropped or buffered, see
     learner/buffer.py) or is ``episodes/in_transit``."""
-    out = supervisor.ledger()
-    out["episodes/in_transit"] = out["episodes/sent"] - learner.get("stream/received", 0.0)
-    return out
+    return supervisor.ledger(supervisor.learners.received_by_origin())
+
+
+def _sent_as_read(readings: list[dict[str, Any]]) -> dict[str, int]:
+    """What the learner would say it received from each incarnation, when it cannot answer:
+    what each said it sent (so ``episodes/in_transit`` is 0 and nothing sent counts as lost)."""
+    return {origin(r): int(r.get("episodes_sent", 0)) for r in readings}
 
 
 def _evaluate(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogger,

@@ -96,17 +96,21 @@ class Supervisor:
         self.readings = self.cluster.actor_stats()
         return {"retired": [*self.retired, *self.readings], "faults": dict(self.faults)}
 
-    def carry(self, saved: dict[str, Any]) -> None:
-        """Continue the ledger of a checkpoint's ``ledger_state``."""
-        self.retired = list(saved.get("retired", []))
+    def carry(self, saved: dict[str, Any], received: Mapping[str, int]) -> None:
+        """Continue the ledger of a checkpoint's ``ledger_state``, with what the learner had
+        received from each incarnation when it was written (its buffer counters'
+        ``received_by_origin``): every incarnation of the checkpoint is retired with its count."""
+        self.retired = [r if "received" in r else {**r, "received": received.get(origin(r), 0)}
+                        for r in saved.get("retired", [])]
         self.faults.update(saved.get("faults", {}))
 
-    def ledger(self) -> dict[str, float]:
+    def ledger(self, received: Mapping[str, int]) -> dict[str, float]:
         """Where every training episode went, from the actors' counters read now (a replaced
-        incarnation's as last read): ``episodes/*`` (see ``episode_ledger``), ``failed/<reason>``,
-        and ``faults/*`` (the events counted here, and the env services the actors find down)."""
+        incarnation's as last read) and what the learner ``received`` from each incarnation
+        (read before them): ``episodes/*`` (see ``episode_ledger``), ``failed/<reason>``, and
+        ``faults/*`` (the events counted here, and the env services the actors find down)."""
         self.readings = self.cluster.actor_stats()
-        out = episode_ledger(self.readings, self.retired)
+        out = episode_ledger(self.readings, self.retired, received)
         out.update({f"faults/{k}": float(v) for k, v in self.faults.items()})
         out["faults/env_services_down"] = float(sum(r.get("env_services_down", 0) for r in self.readings))
         return out
@@ -187,23 +191,54 @@ class Supervisor:
 
     def _replace(self, failed: Mapping[int, BaseException], version: int) -> dict[str, float]:
         """Restart the ``failed`` actors, re-form the weight group and push ``version`` to all;
-        in async mode give the new actors a fresh budget and start their runs."""
+        actors that die meanwhile (joining, or during the push) are replaced too and the group
+        formed again (each round restarts one at least: bounded by ``actors.max_restarts``); in
+        async mode give the new actors a fresh budget and start their runs."""
         t0 = time.perf_counter()
-        for i, error in failed.items():
-            if i < len(self.readings):  # its episodes in flight are lost: the ledger says how many
-                self.retired.append(self.readings[i])
-                self.readings[i] = {}
-            self.faults["actors_replaced"] += 1
-            self.cluster.restart_actor(i, error)
-        out = self.cluster.reform_weights(version)
+        replaced: set[int] = set()
+        while True:
+            for i, error in failed.items():
+                self._retire(i)
+                self.faults["actors_replaced"] += 1
+                self._restart(i, error)
+            replaced.update(failed)
+            try:
+                out = self.cluster.reform_weights(version)
+                break
+            except PushError as e:
+                if not e.dead_actors:
+                    raise
+                log.warning("%s: replacing them and re-forming the weight group", e)
+                self.faults["weight_group_reformed"] += 1
+                failed = e.dead_actors
         if self.cluster.running:
             fresh = self._budget(0, 0)  # what a run starting now would get
-            for i in failed:
+            for i in replaced:
                 self.offsets[i] = max(0, self.budget - fresh)
             self.cluster.set_budgets([self.budget - off for off in self.offsets])
-            self.cluster.start_runs(sorted(failed))
-        log.warning("replaced actors %s in %.1f s", sorted(failed), time.perf_counter() - t0)
+            self.cluster.start_runs(sorted(replaced))
+        log.warning("replaced actors %s in %.1f s", sorted(replaced), time.perf_counter() - t0)
         return {**out, "weights/reformed": 1.0, "timing/restart_s": time.perf_counter() - t0}
+
+    def _retire(self, i: int) -> None:
+        """Actor ``i``'s incarnation leaves the ledger's live ones with its last reading (its
+        episodes in flight are lost: the ledger says how many); one never read yet is retired
+        by name, for what the learner received from it."""
+        reading = self.readings[i] if i < len(self.readings) else {}
+        self.retired.append(reading or {"actor_id": i, "incarnation": self.cluster.incarnations[i]})
+        if i < len(self.readings):
+            self.readings[i] = {}
+
+    def _restart(self, i: int, error: BaseException) -> None:
+        """Its next incarnation; one that fails to start is itself retired and restarted
+        (within ``actors.max_restarts``: past it the cluster raises)."""
+        while True:
+            try:
+                return self.cluster.restart_actor(i, error)
+            except ActorsFailed as e:
+                error = e.errors[i]
+                self._retire(i)
+                self.faults["actors_replaced"] += 1
 
 
 def episode_budget(step: int, *, batch_size: int, run_ahead: int, max_staleness: int,
@@ -224,27 +259,46 @@ def _episodes_per_actor(cfg: RunConfig) -> list[int]:
     return [(groups // n + (i < groups % n)) * cfg.actors.group_size for i in range(n)]
 
 
-def episode_ledger(current: list[dict[str, Any]], retired: list[dict[str, Any]]) -> dict[str, float]:
+def origin(reading: Mapping[str, Any]) -> str:
+    """An actor's reading's incarnation as the learner names it (``Trajectory.origin``)."""
+    return f"{reading.get('actor_id')}/{reading.get('incarnation')}"
+
+
+def episode_ledger(current: list[dict[str, Any]], retired: list[dict[str, Any]],
+                   received: Mapping[str, int]) -> dict[str, float]:
     """Sums over the actors' counters (actors/actor.py's ``COUNTS``) of the live incarnations
-    (``current``) and the replaced ones (``retired``, as last read): ``episodes/started`` =
-    done + failed + cancelled + in_flight + lost; done = sent + unsent + held. ``lost``: what a
-    replaced (or unanswering) incarnation had started and neither failed, cancelled nor sent when
-    last read: its episodes in flight, held or queued then (episodes it started after that
-    reading are counted nowhere: at most one step's); of its done ones only those sent count as
-    done. ``failed/<reason>`` summed over all."""
+    (``current``) and the replaced ones (``retired``, as last read), with what the learner
+    ``received`` from each (``Trajectory.origin``; a checkpoint's incarnations carry theirs as
+    ``received``):
+
+    - ``episodes/started`` = done + failed + cancelled + in_flight + lost;
+      done = sent + unsent + held; sent = what the learner received + ``in_transit``;
+    - a live incarnation's counts are its own; ``in_transit`` is what it sent and the learner
+      has not received yet (the learner is read first, so never negative);
+    - a gone incarnation (replaced, or not answering): what the learner received from it is its
+      done and sent; ``lost`` what else it had started and neither failed nor cancelled (in
+      flight, held or queued). It may have started and sent episodes after its last reading:
+      those the learner received count as started; those it had not sent are counted nowhere
+      (at most what it started in its last step);
+    - ``failed/<reason>`` summed over all."""
     out: Counter[str] = Counter(dict.fromkeys(
-        ("started", "done", "failed", "cancelled", "in_flight", "sent", "unsent", "held", "lost"), 0))
+        ("started", "done", "failed", "cancelled", "in_flight", "sent", "unsent", "held", "lost",
+         "in_transit"), 0))
     for r, gone in [*((r, "unanswered" in r) for r in current), *((r, True) for r in retired)]:
         started, failed = r.get("episodes_started", 0), r.get("episodes_failed", 0)
         cancelled, sent = r.get("episodes_cancelled", 0), r.get("episodes_sent", 0)
-        out.update(started=started, failed=failed, cancelled=cancelled, sent=sent)
+        arrived = r.get("received", received.get(origin(r), 0))
+        out.update(failed=failed, cancelled=cancelled)
         for key, value in r.items():
             if key.startswith("failed/"):
                 out[key] += value
-        if gone:  # what it sent counts as done; the rest it had started is lost
-            out.update(done=sent, lost=started - failed - cancelled - sent)
+        if gone:
+            started = max(started, failed + cancelled + arrived)
+            out.update(started=started, done=arrived, sent=arrived,
+                       lost=started - failed - cancelled - arrived)
             continue
         done = r.get("episodes_done", 0)
-        out.update(done=done, unsent=r.get("episodes_unsent", 0), held=r.get("episodes_held", 0),
-                   in_flight=started - done - failed - cancelled)
+        out.update(started=started, done=done, sent=sent, unsent=r.get("episodes_unsent", 0),
+                   held=r.get("episodes_held", 0), in_flight=started - done - failed - cancelled,
+                   in_transit=sent - arrived)
     return {(k if k.startswith("failed/") else f"episodes/{k}"): float(v) for k, v in out.items()}

@@ -186,6 +186,9 @@ class LocalCluster:
     def accounting(self) -> dict[str, dict[str, int]]:
         return self._learner.accounting()
 
+    def received_by_origin(self) -> dict[str, int]:
+        return self._learner.received_by_origin()
+
     # --- the actors ----------------------------------------------------------------------------
     def actor_stats(self) -> list[dict[str, Any]]:
         return [self._actor_loop.call(a.stats()) for a in self.actors]

@@ -22,12 +22,13 @@ from typing import Any, Protocol
 
 
 class PushError(RuntimeError):
-    """A weight push failed: ``errors`` by actor index, the learners' errors, and which of the
-    failed actors are ``dead`` (their process is gone: replace them, not just re-join them)."""
+    """A weight push (or the actors' joining the weight group before one: ``what``) failed:
+    ``errors`` by actor index, the learners' errors, and which of the failed actors are
+    ``dead`` (their process is gone: replace them, not just re-join them)."""
 
     def __init__(self, version: int, errors: dict[int, Exception], learner_errors: list[Exception],
-                 dead: AbstractSet[int] = frozenset()):
-        super().__init__(f"push of version {version} failed: actors {sorted(errors)}, "
+                 dead: AbstractSet[int] = frozenset(), what: str = "push"):
+        super().__init__(f"{what} of version {version} failed: actors {sorted(errors)}, "
                          f"learner {[str(e) for e in learner_errors]}")
         self.errors, self.learner_errors = errors, learner_errors
         self.dead_actors = {i: e for i, e in errors.items() if i in dead}
@@ -73,6 +74,7 @@ class Learners(Protocol):
     def read_probe(self, path: Path) -> list[str | None]: ...
     def save_final(self, run_dir: Path, samples: int) -> None: ...
     def accounting(self) -> dict[str, dict[str, int]]: ...
+    def received_by_origin(self) -> dict[str, int]: ...
 
 
 class Actors(Protocol):

@@ -163,14 +163,32 @@ class RayCluster:
         for i in range(len(self._slots)):
             self.actors.append(self._new_actor(i))
         self._start_actors()
-        self._join_weight_group()
+        self._form_weight_group()
 
     def _start_actors(self) -> None:
         """Start every actor; one that dies or fails while starting is replaced by its next
         incarnation (``restart_actor``, within ``actors.max_restarts``)."""
         answers = self._gather({i: a.start.remote() for i, a in enumerate(self.actors)}, "start",
                                self.cfg.ray.start_timeout_s)
-        failed = {i: e for i, e in answers.items() if isinstance(e, BaseException)}
+        self._restart_all({i: e for i, e in answers.items() if isinstance(e, BaseException)})
+
+    def _form_weight_group(self) -> None:
+        """The started actors join the weight group; one that dies meanwhile is replaced (within
+        ``actors.max_restarts``) and the group formed again. Any other failure is raised."""
+        while True:
+            try:
+                return self._join_weight_group(0)
+            except PushError as e:
+                if len(e.dead_actors) < len(e.errors):
+                    raise
+                log.warning("%s: replacing actors %s", e, sorted(e.dead_actors))
+                self._restart_all(dict(e.dead_actors))
+                self._learners([w.reform_weight_group.remote(self._weight_group.world_size)
+                                for w in self.learners], "reform_weight_group", self.cfg.ray.step_timeout_s)
+
+    def _restart_all(self, failed: dict[int, BaseException]) -> None:
+        """``restart_actor`` each of ``failed``; one whose next incarnation fails to start is
+        restarted again (within ``actors.max_restarts``)."""
         while failed:
             i, error = failed.popitem()
             try:
@@ -226,6 +244,10 @@ class RayCluster:
 
     def accounting(self) -> dict[str, dict[str, int]]:
         return self._learners([self.learners[0].accounting.remote()], "accounting", self.cfg.ray.call_timeout_s)[0]
+
+    def received_by_origin(self) -> dict[str, int]:
+        return self._learners([self.learners[0].received_by_origin.remote()], "received_by_origin",
+                              self.cfg.ray.call_timeout_s)[0]
 
     def _learners(self, refs: list, what: str, timeout_s: float) -> list:
         """The results of a call on learner ranks; ``LearnerHung`` (with every rank's report)
@@ -454,7 +476,7 @@ class RayCluster:
         all (the same version again is allowed: a restarted actor needs the current weights)."""
         self._learners([w.reform_weight_group.remote(self._weight_group.world_size) for w in self.learners],
                        "reform_weight_group", self.cfg.ray.step_timeout_s)
-        self._join_weight_group()
+        self._join_weight_group(version)
         return self.push_weights(version)
 
     @property
@@ -463,12 +485,18 @@ class RayCluster:
             raise RuntimeError("RayCluster: start() first (it forms the weight group)")
         return self._weights
 
-    def _join_weight_group(self) -> None:
+    def _join_weight_group(self, version: int) -> None:
+        """Every actor joins the group's current generation, before ``version`` is pushed;
+        ``PushError`` (with the dead ones) if some failed."""
         g = self._weight_group
-        _all_answered("join_weight_group", self._gather(
+        answers = self._gather(
             {i: a.join_weight_group.remote(g.address, slot.weight_ranks[0], g.world_size, g.timeout_s)
              for i, (a, slot) in enumerate(zip(self.actors, self._slots))},
-            "join_weight_group", self.cfg.ray.step_timeout_s, watch_learners=True))
+            "join_weight_group", self.cfg.ray.step_timeout_s, watch_learners=True)
+        errors = {i: e for i, e in answers.items() if isinstance(e, Exception)}
+        if errors:
+            raise PushError(version, errors, [], {i for i, e in errors.items() if is_dead(e)},
+                            what="joining the weight group for the push")
 
     def _roles(self) -> Roles:
         cfg = self.cfg

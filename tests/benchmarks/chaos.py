@@ -23,8 +23,9 @@ seconds, so every kill has time to be recovered from; then the job gets SIGTERM 
 then a clean stop) and its summary is the run's. Time to recover: from
 a kill to the first training step logged after it. The report: kills by kind, recoveries, time to
 recover (median, max), the episodes failed by reason and lost, the episode ledger's identities
-at the end (docs/faults.md), and the reward curve (mean of the first and the last 5 steps),
-against a job of the same length without the monkey with ``--baseline``. Exit status 1 if an
+at the end (docs/faults.md), and the reward curve (mean of the first and the last 5 steps, and
+of the last 5 steps logged every ``CURVE_MINUTES`` of wall-clock), against a job of the same
+length without the monkey with ``--baseline``. Exit status 1 if an
 identity fails, a kill was not recovered from, or the reward did not rise.
 """
 
@@ -50,9 +51,11 @@ from tests.integration.test_resume import _stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("actor", "engine", "env_worker", "env_service", "learner")
+CURVE_MINUTES = 3
+"""The curve: the mean reward of the last 5 steps logged, every this many minutes of wall-clock."""
 JOB = ["env=action_words", "algorithm=grpo", "warm_start.enabled=false", "train.steps=1000000",
        "train.batch_size=32", "train.eval_every=0", "train.eval_seeds=8", "train.checkpoint_every=5",
-       "learner.ranks=1", "learner.max_staleness=1", "learner.lr=1e-3", "actors.num=1",
+       "learner.ranks=1", "learner.max_staleness=1", "learner.lr=1e-4", "actors.num=1",
        "actors.concurrency=16", "actors.group_size=8", "actors.max_tokens=12", "actors.max_restarts=1000",
        "actors.env_workers=2", "actors.envs_per_worker=8", "actors.env_timeout_s=10",
        "actors.env_heartbeat_s=1", "actors.env_grace_s=300", "logger.wandb=false", "ray.num_cpus=4",
@@ -161,6 +164,7 @@ def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_d
     services = [EnvService(_free_port(), work) for _ in range(2)]
     extra = [f"actors.env_address=[{','.join(s.address for s in services)}]", f"seed={seed}"]
     kills: list[dict] = []
+    curve: list[float] = []
     restarts, driver = 0, None
     try:
         driver = _launch(run_dir, extra)
@@ -168,10 +172,14 @@ def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_d
         t_rest = t_end - max(2 * every_s, 90.0)
         next_kill = time.monotonic() + every_s
         down: list[tuple[float, EnvService]] = []
+        t_start = time.monotonic()
         while time.monotonic() < t_end:
             time.sleep(0.5)
             now = time.monotonic()
-            seen = {(r["step"], r["time_s"]) for r in _train_records(run_dir)}
+            rows = _train_records(run_dir)
+            seen = {(r["step"], r["time_s"]) for r in rows}
+            if rows and now - t_start >= 60 * (len(curve) + 1) * CURVE_MINUTES:
+                curve.append(_mean_reward(rows[-5:]))
             for k in kills:
                 if "recovered_s" not in k and seen - k["seen"]:
                     k["recovered_s"] = round(now - k["at"], 1)
@@ -219,10 +227,14 @@ def chaos(minutes: float, every_s: float, kinds: list[str], seed: int, service_d
             _stop_all(driver, [])
         for s in services:
             s.stop()
-    return _result(run_dir, kills, restarts)
+    return _result(run_dir, kills, restarts, curve)
 
 
-def _result(run_dir: Path, kills: list[dict], restarts: int) -> dict:
+def _mean_reward(rows: list[dict]) -> float:
+    return round(statistics.mean(r["rollout/reward"] for r in rows), 3)
+
+
+def _result(run_dir: Path, kills: list[dict], restarts: int, curve: list[float]) -> dict:
     rows = _train_records(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     ep = summary.get("episodes", {})
@@ -233,10 +245,9 @@ def _result(run_dir: Path, kills: list[dict], restarts: int) -> dict:
             ep.get(f"episodes/{k}", 0) for k in ("done", "failed", "cancelled", "in_flight", "lost")),
         "done == sent + unsent + held": ep.get("episodes/done") == sum(
             ep.get(f"episodes/{k}", 0) for k in ("sent", "unsent", "held")),
+        "sent == received + in_transit": ep.get("episodes/sent") == received + ep.get("episodes/in_transit", 0),
+        "in_transit == 0": ep.get("episodes/in_transit") == 0,
     }
-    # Not an identity across restarts: a replaced incarnation's sent count is its last reading's,
-    # and what it sent after that arrived (negative in_transit, at most what it had in flight).
-    in_transit = ep.get("episodes/sent", 0) - received
     rewards = [r["rollout/reward"] for r in rows]
     times = [k["recovered_s"] for k in kills if "recovered_s" in k]
     by_kind = {kind: sum(k["kind"] == kind for k in kills) for kind in KINDS}
@@ -248,7 +259,8 @@ def _result(run_dir: Path, kills: list[dict], restarts: int) -> dict:
         "reward_first5": statistics.mean(rewards[:5]) if rewards else None,
         "reward_last5": statistics.mean(rewards[-5:]) if rewards else None,
         "episodes": ep, "failed": {k: v for k, v in ep.items() if k.startswith("failed/")},
-        "identities": identities, "in_transit": in_transit, "error": summary.get("error"),
+        "identities": identities, "error": summary.get("error"),
+        f"reward_every_{CURVE_MINUTES}_min": curve,
     }
 
 
@@ -280,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
              "driver restarts": r["driver_restarts"],
              "recover median / max s": f"{r['recover_median_s']} / {r['recover_max_s']}",
              "reward first 5 -> last 5": f"{r['reward_first5']:.2f} -> {r['reward_last5']:.2f}",
+             f"reward every {CURVE_MINUTES} min": " ".join(f"{v:.2f}" for v in r[f"reward_every_{CURVE_MINUTES}_min"]),
              "failed": int(r["episodes"].get("episodes/failed", 0)),
              "lost": int(r["episodes"].get("episodes/lost", 0))} for name, r in results.items()])
     chaotic = results["chaos"]

@@ -9,6 +9,7 @@ hangs (a real ``LearnerWorker`` on the tiny model, waiting for a batch no actor 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -19,8 +20,9 @@ from actors.weight_updates import EngineDead
 from launch.config.builders import worker_config
 from launch.config.compose import compose
 from launch.model.tiny_model import build_tiny_model
+from launch.topology.placement import Slot
 from launch.topology.protocol import ActorsFailed, CallTimeout, LearnerHung
-from launch.topology.ray_cluster import RayCluster, is_dead, learner_actor_class
+from launch.topology.ray_cluster import RayCluster, WeightGroup, is_dead, learner_actor_class
 
 
 @pytest.fixture(scope="module")
@@ -177,4 +179,49 @@ def test_an_actor_that_dies_while_starting_is_replaced_within_its_restarts(local
                 cluster._start_actors()
     finally:
         for a in cluster.actors:
+            ray.kill(a)
+
+
+class _Joining(_Starting):
+    """Starts; its first ``fail`` incarnations die (the process exits) while joining the weight group."""
+
+    async def start(self) -> dict:
+        return {"start_s": 0.0}
+
+    async def join_weight_group(self, address: str, rank: int, world_size: int, timeout_s: float) -> None:
+        if self.incarnation < self.fail:
+            os._exit(1)
+
+
+class _Learner:
+    def __init__(self) -> None:
+        self.generations = 0
+
+    def reform_weight_group(self, world_size: int) -> int:
+        self.generations += 1
+        return self.generations
+
+    def liveness(self, stacks: bool = False) -> dict:
+        return {}
+
+
+def test_an_actor_that_dies_joining_the_weight_group_at_start_is_replaced_and_the_group_formed_again(
+        local_ray, monkeypatch):
+    cluster = _cluster("actors.max_restarts=3")
+    cluster.incarnations = [0, 0]
+    cluster._actor_configs = [ActorConfig(model_path="m")] * 2
+    cluster._slots = [Slot(role="actor", index=i, node="n", cpus=1, gpus=0, weight_ranks=(1 + i,)) for i in range(2)]
+    cluster._weights = WeightGroup("tcp://127.0.0.1:1", 3, 5.0)
+    learner = ray.remote(concurrency_groups={"liveness": 1})(_Learner).remote()
+    cluster.learners = [learner]
+    monkeypatch.setattr(cluster, "_new_actor", lambda i: ray.remote(_Joining).remote(
+        cluster.incarnations[i], 2 if i == 1 else 0))
+    cluster.actors = [cluster._new_actor(i) for i in range(2)]
+    try:
+        cluster._start_actors()
+        cluster._form_weight_group()
+        assert cluster.incarnations == [0, 2]  # actor 1 died joining twice, its third joined
+        assert ray.get(learner.reform_weight_group.remote(3)) == 3  # two new generations before
+    finally:
+        for a in [*cluster.actors, learner]:
             ray.kill(a)

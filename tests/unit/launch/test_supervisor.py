@@ -153,6 +153,48 @@ def test_check_replaces_exactly_the_actors_whose_run_ended(world):
     assert s.restarts == 1
 
 
+def test_an_actor_dying_while_the_group_re_forms_is_replaced_too_and_the_group_formed_again(world):
+    """Actor 1 failed; while the group re-forms actor 0 dies (joining or during the push): it
+    is retired and replaced as well, and the new group gets both new incarnations' runs."""
+    s, log, outcomes, cluster = world
+    cluster.actor_stats = lambda: [{"actor_id": i, "incarnation": cluster.incarnations[i],
+                                    "episodes_started": 4, "episodes_sent": 4, "episodes_done": 4}
+                                   for i in range(ACTORS)]
+    s.ledger({"0/0": 4, "1/0": 4})
+    cluster.ended = {1: RuntimeError("gone")}
+    outcomes += [PushError(6, {0: ray.exceptions.RayActorError()}, [], {0},
+                           what="joining the weight group for the push"), {"weights/push_s": 0.1}]
+    s.check(version=6)
+    assert log[:4] == [("restart", 1, "RuntimeError"), ("reform", 6), ("restart", 0, "RayActorError"),
+                       ("reform", 6)]
+    assert cluster.runs == ["a0.1.run", "a1.1.run"]
+    assert s.faults["actors_replaced"] == 2 and s.faults["weight_group_reformed"] == 1
+    assert [(r["actor_id"], r["incarnation"]) for r in s.retired] == [(1, 0), (0, 0)]
+    # a failure that names no dead actor still ends the run
+    cluster.ended = {0: RuntimeError("gone again")}
+    outcomes.append(PushError(6, {1: RuntimeError("bad tensor")}, [], set()))
+    with pytest.raises(PushError, match=r"push of version 6 failed: actors \[1\]"):
+        s.check(version=6)
+
+
+def test_a_replacement_that_fails_to_start_is_replaced_in_turn(world):
+    s, log, outcomes, cluster = world
+    cluster.runs = []
+    starts = [ActorsFailed("start", {1: CallTimeout("no answer to start")})]
+    restart = cluster.restart_actor
+
+    def restart_once_failing(index, error):
+        restart(index, error)
+        if starts:
+            raise starts.pop()
+    cluster.restart_actor = restart_once_failing
+    cluster.ended = {1: RuntimeError("engine dead")}
+    outcomes.append({"weights/push_s": 0.1})
+    s.rollout(version=3)
+    assert [e for e in log if e[0] == "restart"] == [("restart", 1, "RuntimeError"), ("restart", 1, "CallTimeout")]
+    assert s.faults["actors_replaced"] == 2 and len(s.retired) == 2
+
+
 def test_sync_rollout_reruns_only_the_actor_that_failed(world):
     s, log, outcomes, cluster = world
     cluster.runs = []  # sync mode: no background runs
@@ -189,38 +231,51 @@ def test_an_evaluation_failed_by_an_actor_replaces_it_and_runs_again(world):
 
 
 def test_the_episode_ledger_sums_live_and_retired_incarnations_by_hand():
-    live = {"episodes_started": 40, "episodes_done": 30, "episodes_failed": 4, "episodes_cancelled": 2,
-            "episodes_sent": 27, "episodes_unsent": 1, "episodes_held": 2, "failed/worker_crashed": 3,
-            "failed/env_timeout": 1}
-    # the dead incarnation as last read: 20 started, 2 failed, 15 sent -> 3 lost
-    dead = {"episodes_started": 20, "episodes_done": 16, "episodes_failed": 2, "episodes_cancelled": 0,
-            "episodes_sent": 15, "failed/worker_crashed": 2}
-    # an actor that no longer answers (not replaced yet): its last reading, all in flight lost
+    live = {"actor_id": 0, "incarnation": 0, "episodes_started": 40, "episodes_done": 30,
+            "episodes_failed": 4, "episodes_cancelled": 2, "episodes_sent": 27, "episodes_unsent": 1,
+            "episodes_held": 2, "failed/worker_crashed": 3, "failed/env_timeout": 1}
+    # the dead incarnation as last read: 20 started, 2 failed, 15 sent; the learner got 17 from
+    # it (two sent after that reading): 17 done, 1 lost
+    dead = {"actor_id": 1, "incarnation": 0, "episodes_started": 20, "episodes_done": 16,
+            "episodes_failed": 2, "episodes_cancelled": 0, "episodes_sent": 15, "failed/worker_crashed": 2}
+    # one that no longer answers (not replaced yet): its last reading; the learner got 1 from it
     silent = {**dict.fromkeys(("episodes_done", "episodes_failed", "episodes_cancelled"), 0),
-              "episodes_started": 8, "episodes_sent": 0, "unanswered": "CallTimeout: ..."}
-    got = sup.episode_ledger([live, silent], [dead])
-    assert got == {"episodes/started": 68.0, "episodes/done": 45.0, "episodes/failed": 6.0,
-                   "episodes/cancelled": 2.0, "episodes/in_flight": 4.0, "episodes/sent": 42.0,
-                   "episodes/unsent": 1.0, "episodes/held": 2.0, "episodes/lost": 11.0,
-                   "failed/worker_crashed": 5.0, "failed/env_timeout": 1.0}
-    # the identity: every episode started is in exactly one place
+              "actor_id": 1, "incarnation": 1, "episodes_started": 8, "episodes_sent": 0,
+              "unanswered": "CallTimeout: ..."}
+    # a checkpoint's incarnation, settled at the resume with what the learner then had from it:
+    # more than its reading said it had started (it kept going between the two reads)
+    settled = {"actor_id": 0, "incarnation": 0, "episodes_started": 10, "episodes_failed": 1,
+               "episodes_cancelled": 0, "episodes_sent": 8, "received": 10}
+    received = {"0/0": 25, "1/0": 17, "1/1": 1}
+    got = sup.episode_ledger([live, silent], [dead, settled], received)
+    assert got == {"episodes/started": 79.0, "episodes/done": 58.0, "episodes/failed": 7.0,
+                   "episodes/cancelled": 2.0, "episodes/in_flight": 4.0, "episodes/sent": 55.0,
+                   "episodes/unsent": 1.0, "episodes/held": 2.0, "episodes/lost": 8.0,
+                   "episodes/in_transit": 2.0, "failed/worker_crashed": 5.0, "failed/env_timeout": 1.0}
+    # the identities: every episode started is in exactly one place; every one sent arrived or
+    # is in transit
     assert got["episodes/started"] == sum(got[f"episodes/{k}"] for k in
                                           ("sent", "unsent", "held", "failed", "cancelled", "in_flight", "lost"))
+    assert got["episodes/sent"] == sum(received.values()) + 10 + got["episodes/in_transit"]
 
 
 def test_a_replaced_actor_is_retired_with_its_last_reading(world):
     s, log, outcomes, cluster = world
-    readings = [{"episodes_started": 8, "episodes_sent": 6, "episodes_done": 6},
-                {"episodes_started": 4, "episodes_sent": 1, "episodes_done": 1}]
+    readings = [{"actor_id": 0, "incarnation": 0, "episodes_started": 8, "episodes_sent": 6, "episodes_done": 6},
+                {"actor_id": 1, "incarnation": 0, "episodes_started": 4, "episodes_sent": 1, "episodes_done": 1}]
     cluster.actor_stats = lambda: [dict(r) for r in readings]
-    assert s.ledger()["episodes/lost"] == 0
+    received = {"0/0": 6, "1/0": 1}
+    assert s.ledger(received)["episodes/lost"] == 0
     cluster.ended = {1: RuntimeError("gone")}
     outcomes.append({"weights/push_s": 0.1})
     s.check(version=6)
-    readings[1] = {"episodes_started": 0}  # the new incarnation
-    ledger = s.ledger()
+    readings[1] = {"actor_id": 1, "incarnation": 1, "episodes_started": 0}  # the new incarnation
+    ledger = s.ledger(received)
     assert ledger["episodes/lost"] == 3 and ledger["episodes/started"] == 12
     assert ledger["faults/actors_replaced"] == 1 and ledger["faults/actors_hung"] == 0
+    received["1/0"] = 2  # one more of the dead one's arrived: done, not lost
+    ledger = s.ledger(received)
+    assert ledger["episodes/lost"] == 2 and ledger["episodes/sent"] == 8 and ledger["episodes/in_transit"] == 0
 
 
 def test_a_resumed_run_budgets_its_fresh_actors_as_a_fresh_run_and_continues_the_ledger():
@@ -232,8 +287,8 @@ def test_a_resumed_run_budgets_its_fresh_actors_as_a_fresh_run_and_continues_the
                           actors=ActorsConfig(num=ACTORS, group_size=GROUP, run_ahead=1, max_restarts=3),
                           learner=LearnerConfig(max_staleness=2))
     s = sup.Supervisor(cfg, FakeCluster(log, []))
-    s.carry({"retired": [{"episodes_started": 50, "episodes_sent": 48, "episodes_failed": 2}],
-             "faults": {"actors_replaced": 1}})
+    s.carry({"retired": [{"actor_id": 0, "incarnation": 0, "episodes_started": 50, "episodes_sent": 48,
+                          "episodes_failed": 2}], "faults": {"actors_replaced": 1}}, {"0/0": 48})
     s.start_runs(step=20, dropped=12)
     assert log[0] == ("budgets", (_budget(0),) * ACTORS)
     s.set_budgets(21, dropped=12 + 4)  # one more batch taken, four more dropped
@@ -241,7 +296,10 @@ def test_a_resumed_run_budgets_its_fresh_actors_as_a_fresh_run_and_continues_the
                                     actors=ACTORS, group_size=GROUP)
     (tag, budgets) = log[-1]
     assert tag == "budgets" and all(fresh_next - GROUP <= b <= fresh_next for b in budgets)  # whole groups
-    s.cluster.actor_stats = lambda: [{"episodes_started": 0}] * ACTORS
-    ledger = s.ledger()
+    s.cluster.actor_stats = lambda: [{"actor_id": i, "incarnation": 0, "episodes_started": 0}
+                                     for i in range(ACTORS)]
+    # the resumed actor 0 is incarnation 0 again: what the learner gets from it now is its own
+    ledger = s.ledger({"0/0": 0})
     assert ledger["episodes/started"] == 50 and ledger["faults/actors_replaced"] == 1
     assert ledger["episodes/lost"] == 0  # the checkpoint's incarnation had sent or failed them all
+    assert ledger["episodes/sent"] == 48 and ledger["episodes/in_transit"] == 0

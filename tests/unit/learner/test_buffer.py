@@ -46,14 +46,19 @@ def test_accounting_holds_for_random_traffic():
     import random
 
     rng = random.Random(0)
-    buf = TrajectoryBuffer(max_staleness=2)
-    version = 0
+    released = []
+    buf = TrajectoryBuffer(max_staleness=2, release=lambda actor, n: released.append(n))
+    version, put = 0, 0
     for step in range(300):
         actor = f"actor-{rng.randrange(3)}"
-        buf.put(actor, make_trajectory(version=max(0, version - rng.randrange(5))), 1)
+        nbytes = rng.randrange(1, 1000)
+        buf.put(actor, make_trajectory(version=max(0, version - rng.randrange(5))), nbytes)
+        put += nbytes
         if step % 7 == 0:
             buf.take(rng.randrange(1, 4), current_version=version)
             version += 1
+        # the bytes it holds are those of its entries: what was put and not released
+        assert buf.bytes == put - sum(released) == sum(n for g in buf._groups.values() for _, _, n in g.entries)
     for actor in buf.received:
         held = sum(1 for g in buf._groups.values() for a, _, _ in g.entries if a == actor)
         assert buf.received[actor] == buf.taken[actor] + buf.dropped_by_actor[actor] + held

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from learner import worker
 from learner.door import REASONS, Door
 from learner.worker import Inbox
 from tests.unit.transport.trajectories import make_trajectory
 from transport.channels import trajectory_sink
-from transport.schema import EncodedImage
+from transport.schema import GROUP_STRIDE, INCARNATION_STRIDE, EncodedImage
 
 VOCAB, MAX_TOKENS, VERSION = 1000, 256, 3
 
@@ -113,6 +114,32 @@ def test_without_a_door_the_same_trajectory_reaches_the_buffer():
         while not len(inbox.buffer) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(inbox.buffer) == 1 and inbox.stats(VERSION)["buffer/refused"] == 0
+    finally:
+        sink.close(flush_s=0)
+        inbox.close()
+
+
+def test_the_inbox_counts_what_each_incarnation_sent_refused_ones_too_within_a_bound(monkeypatch):
+    """The driver's ledger settles a dead incarnation with what the learner got from it."""
+    monkeypatch.setattr(worker, "MAX_ORIGINS", 3)
+    inbox = Inbox("inproc://origin-test", max_staleness=2, door=DOOR, version=lambda: VERSION)
+    sink = trajectory_sink(inbox.address, actor_id=7)
+    sent = []
+    for i, incarnation in enumerate([0, 0, 1, 2, 3, 4]):  # 7/3 and 7/4 are past the bound
+        t = _bad("token_out_of_vocab", episode_id=i) if i == 1 else make_trajectory(
+            actor_id=7, episode_id=i, version=VERSION, seed=i)
+        t.actor_id = 7
+        t.group_id = 7 * GROUP_STRIDE + incarnation * INCARNATION_STRIDE + i
+        assert t.origin == f"7/{incarnation}"
+        sent.append(t)
+    try:
+        for t in sent:
+            sink.send(t, timeout_s=5)
+        deadline = time.monotonic() + 10
+        while sum(inbox.received_by_origin().values()) < len(sent) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert inbox.received_by_origin() == {"7/0": 2, "7/1": 1, "7/2": 1, "others": 2}
+        assert inbox.counters()["received_by_origin"] == inbox.received_by_origin()
     finally:
         sink.close(flush_s=0)
         inbox.close()
