@@ -50,7 +50,7 @@ import numpy as np
 
 from actors.config import ActorConfig
 from actors.engine import build_engine, cpu_thread_binding, sampling_params
-from actors.episode import EpisodeResult, Generate, Generation, run_episode
+from actors.episode import REWARD_PARTS, EpisodeResult, Generate, Generation, run_episode
 from actors.groups import GroupHolder, GroupStream
 from actors.vision import VisionTokens, vllm_prompt
 from actors.weight_updates import WeightUpdates
@@ -84,6 +84,16 @@ in the sender thread sending trajectories, most of it waiting for the learner's 
 
 EVAL_KEY = 1 << 40
 """Leads an evaluation episode's sampling key: no training episode's group id reaches it."""
+
+
+def outcome(seed: int, sample: int, result: EpisodeResult) -> dict[str, Any]:
+    """An evaluation episode as plain data: what it scored, or the reason it failed (then it
+    scored nothing)."""
+    failed = result.trajectory is None
+    m = {} if failed else result.metrics
+    return {"seed": seed, "sample": sample, "failure": (result.failure or "unknown") if failed else None,
+            **{k: float(m.get(k, 0.0)) for k in ("success", "reward", "format_correct", "turns", *REWARD_PARTS)},
+            **{k: float(v) for k, v in m.items() if k.endswith("_score")}}
 
 
 def sampling_seed(*key: int) -> int:
@@ -402,27 +412,29 @@ class InferenceActor:
         return await self._weights.update(version)
 
     # --- evaluation and statistics ------------------------------------------------------------
-    async def evaluate(self, seeds: list[int], temperature: float = 0.0,
-                       record: int = 0) -> dict[str, Any]:
-        """Episodes on held-out ``seeds`` (greedy by default), not sent to the learner. Means
-        over the ``n`` episodes that finished (env failures are left out). With ``record``, the
-        episodes of the first ``record`` seeds come back as plain data under ``episodes``, in
-        seed order, failed ones too: ``{"seed", "failure" (a reason or None), "metrics",
-        "turns"}``, each turn actors/episode.py's ``turn_record``."""
+    async def evaluate(self, seeds: list[int], record: int = 0, samples: int = 0) -> dict[str, Any]:
+        """Episodes on held-out ``seeds``, not sent to the learner: one greedy episode a seed, and
+        ``samples`` more sampled at the training temperature (``temperature``, ``top_p``), each
+        seeded by its seed and its sample's number, so the same seeds give the same episodes on
+        any number of actors. Returns every episode's outcome under ``outcomes`` (a failed
+        one's too, with its reason: launch/run/evaluation.py counts it as a failure), in seed
+        order, greedy first: ``{"seed", "sample" (-1 greedy, else 0..samples-1), "failure"
+        (a reason or None), "success", "reward", "format_correct", "turns", the judge's
+        ``*_score``}``. With ``record``, the greedy episodes of the first ``record`` seeds come
+        back as plain data under ``episodes``, in seed order, failed ones too: ``{"seed",
+        "failure", "metrics", "turns"}``, each turn actors/episode.py's ``turn_record``."""
         self._require_started()
-        turns = [[] if i < record else None for i in range(len(seeds))]
-        results = await asyncio.gather(*(self._play(seed, -1, temperature, 1.0, False, rec,
-                                                    key=(EVAL_KEY, seed, i))
-                                         for i, (seed, rec) in enumerate(zip(seeds, turns))))
-        done = [r.metrics for r in results if r.trajectory is not None]
-        keys = ["success", "reward", "format_correct", "turns"]
-        keys += sorted({k for m in done for k in m if k.endswith("_score")})  # the judge's, if any
-        out: dict[str, Any] = {key: float(np.mean([m.get(key, 0.0) for m in done])) if done else 0.0
-                               for key in keys}
-        out["n"] = len(done)
+        c = self.cfg
+        plays = [(seed, -1) for seed in seeds] + [(seed, j) for seed in seeds for j in range(samples)]
+        turns = [[] if sample < 0 and i < record else None for i, (_, sample) in enumerate(plays)]
+        results = await asyncio.gather(*(
+            self._play(seed, -1, 0.0 if sample < 0 else c.temperature, 1.0 if sample < 0 else c.top_p,
+                       False, rec, key=(EVAL_KEY, seed, sample + 1))
+            for (seed, sample), rec in zip(plays, turns)))
+        out: dict[str, Any] = {"outcomes": [outcome(seed, sample, r) for (seed, sample), r in zip(plays, results)]}
         if record:
             out["episodes"] = [{"seed": seed, "failure": r.failure, "metrics": r.metrics, "turns": t}
-                               for seed, r, t in zip(seeds[:record], results, turns)]
+                               for (seed, _), r, t in zip(plays[:record], results, turns)]
         return out
 
     async def stats(self) -> dict[str, Any]:

@@ -16,10 +16,11 @@ Invariants:
   truncated answer) is the environment's: mask False, log-prob 0, version -1.
 - ``turn_end`` marks the last generated token of each turn; ``turn_rewards[t]`` is turn t's
   reward from the env. A turn whose answer is empty cannot carry a reward: the episode ends there.
-- ``EpisodeResult.metrics`` (also the trajectory's): success, turns, reward, format_correct,
-  token counts and times; with a reasoning judge, ``observation_score`` and ``prediction_score``,
-  the means over the episode's turns of the judge's scores (``reasoning/*_score`` in the env's
-  per-turn metrics; 0 for a turn out of format).
+- ``EpisodeResult.metrics`` (also the trajectory's): success, turns, reward and its parts
+  (``REWARD_PARTS``), format_correct, token counts and times; with a reasoning judge,
+  ``observation_score`` and ``prediction_score``, the means over the episode's turns of the
+  judge's scores (``reasoning/*_score`` in the env's per-turn metrics; 0 for a turn out of
+  format).
 - Images (a VLM, actors/vision.py): each observation's images become the model's pad runs, in
   order, and the trajectory carries them. An answer holding a vision token (the model wrote an
   image placeholder) fails the episode ("vision_token_generated"): it cannot be trained on.
@@ -186,6 +187,13 @@ def _template_glue(tokenizer, system: list[dict]) -> tuple[str, list[int]]:
     return tail, []
 
 
+REWARD_PARTS = {"reward_env": "env_reward", "reward_format": "format_reward",
+                "reward_reasoning": "reasoning_reward"}
+"""The reward's parts in an episode's metrics (sums over its turns), from each turn's
+``info["metrics"]`` key: the env's own, the format reward, the reasoning judge's. An env that
+reports none of them has them 0 (the episode's ``reward`` is then the env's alone)."""
+
+
 def judge_scores(turn_metrics: dict[str, float]) -> dict[str, float]:
     """The reasoning judge's scores among an env turn's ``info["metrics"]``, named without the
     ``reasoning/`` prefix: ``{"observation_score": ..., "prediction_score": ...}`` ({} without a judge)."""
@@ -241,6 +249,7 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
     ctx = ChatContext(tokenizer, system, vision)
     rewards: list[float] = []
     scores: dict[str, float] = {}  # the reasoning judge's scores, summed over turns
+    parts = dict.fromkeys(REWARD_PARTS, 0.0)  # the reward's parts, summed over turns
     success = format_ok = 0.0
     gen_s = env_s = 0.0
     generated = 0
@@ -270,8 +279,11 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
         rewards.append(float(result.reward))
         success = float(result.info.get("success", False))
         format_ok += float(result.info.get("format_correct", False))
-        for name, value in judge_scores(result.info.get("metrics", {})).items():
+        turn_metrics = result.info.get("metrics", {})
+        for name, value in judge_scores(turn_metrics).items():
             scores[name] = scores.get(name, 0.0) + value
+        for name, key in REWARD_PARTS.items():
+            parts[name] += float(turn_metrics.get(key, 0.0))
         obs = result.observation
         if result.done:
             break
@@ -282,7 +294,7 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
         "format_correct": format_ok / len(rewards), "generated_tokens": float(generated),
         "context_tokens": float(len(ctx.token_ids)), "generate_s": gen_s, "env_s": env_s,
         "episode_s": time.perf_counter() - t0,
-    } | {name: total / len(rewards) for name, total in scores.items()}
+    } | parts | {name: total / len(rewards) for name, total in scores.items()}
     traj = ctx.to_trajectory(rewards, run_id=run_id, actor_id=actor_id, episode_id=episode_id,
                              env_name=env_name, seed=seed, group_id=group_id, metrics=metrics,
                              created_at=time.time())

@@ -67,6 +67,24 @@ def _reported(method):
     return call
 
 
+def join_learner_group(backend: str, rank: int, world_size: int, master_addr: str | None,
+                       master_port: int, timeout_s: float) -> None:
+    """The learner ranks' default process group. Every collective on it fails after
+    ``timeout_s`` (``learner.dist_timeout_s``) instead of waiting for a rank that never comes:
+    gloo raises; on NCCL torch's watchdog aborts the collective and ends the process (its
+    default ``TORCH_NCCL_ASYNC_ERROR_HANDLING``), which the driver sees as a dead rank.
+    ``master_addr`` None: a group of one rank on an in-memory store (no socket)."""
+    timeout = timedelta(seconds=timeout_s)
+    if master_addr is None:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        return
+    # Rank 0's store listens on master_addr only (init_method=tcp:// would listen on every
+    # interface of the node).
+    store = (listening_store(master_addr, master_port, timeout_s) if rank == 0
+             else dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
 class Inbox:
     """Rank 0's receiving thread: stream -> door -> buffer, with credit returned from this thread
     only. ``door`` (learner/door.py) refuses what the learner cannot train on, at ``version()``
@@ -217,17 +235,9 @@ class LearnerWorker:
         timeout = timedelta(seconds=cfg.dist_timeout_s)
         if device.startswith("cuda"):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        if master_addr is None:
-            if self.world_size != 1:
-                raise ValueError(f"an in-process group has one rank, not {self.world_size}")
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-        else:
-            # Rank 0's store listens on master_addr only (init_method=tcp:// would listen on
-            # every interface of the node).
-            store = (listening_store(master_addr, master_port, cfg.dist_timeout_s) if self.rank == 0
-                     else dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout))
-            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
-                                    timeout=timeout)
+        if master_addr is None and self.world_size != 1:
+            raise ValueError(f"an in-process group has one rank, not {self.world_size}")
+        join_learner_group(backend, self.rank, self.world_size, master_addr, master_port, cfg.dist_timeout_s)
         self._objects = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
         cores = bind_cores(cfg.cores)
         heap.keep_freed()  # the stream's messages reuse freed blocks; train_step trims

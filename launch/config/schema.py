@@ -15,6 +15,7 @@ values are the env's to judge, when the actors build their envs. ``python -m
 launch.config.reference`` writes docs/config-reference.md.
 """
 
+import dataclasses
 from dataclasses import dataclass, field, is_dataclass
 from enum import StrEnum
 from typing import Any, Dict, Optional, get_type_hints
@@ -305,11 +306,16 @@ class TrainConfig:
     batch_timeout_s: float = 600.0
     """No full batch this long ends the run."""
     eval_every: int = 20
-    """Greedy evaluation every k steps (0: only before and after)."""
+    """Evaluation every k steps (0: only before and after)."""
     eval_seeds: int = 256
     """Held-out seeds [eval_seed_offset, eval_seed_offset + eval_seeds)."""
     eval_seed_offset: int = 1000000
     """The first held-out seed."""
+    eval_samples: int = 1
+    """Each evaluation plays one greedy episode a held-out seed and this many sampled at the
+    training temperature (actors.temperature): greedy and sampled success, each with its
+    interval (launch/run/evaluation.py; with more than one a seed the sampled interval is too
+    narrow: a seed's samples are not independent)."""
     eval_pages: int = 4
     """Episodes of each evaluation (its first seeds) shown turn by turn in <run dir>/episodes/; 0: none."""
     checkpoint_every: int = 10
@@ -327,9 +333,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if (min(self.batch_size, self.publish_every, self.keep_checkpoints) < 1
-                or min(self.steps, self.eval_pages) < 0):
+                or min(self.steps, self.eval_pages, self.eval_samples) < 0):
             raise ValueError("train: batch_size, publish_every, keep_checkpoints must be >= 1; "
-                             "steps, eval_pages >= 0")
+                             "steps, eval_pages, eval_samples >= 0")
 
 
 @dataclass
@@ -480,3 +486,16 @@ def _unknown_keys(node, cls, prefix: str = "") -> list[str]:
 
 
 register()
+
+
+def defaults() -> dict[str, Any]:
+    """The run config's defaults where the code has them (every section but ``env``, whose
+    defaults are each env's config file), nested as ``dataclasses.asdict`` of a RunConfig."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(RunConfig):
+        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if is_dataclass(value) and not isinstance(value, type):
+            out[f.name] = dataclasses.asdict(value)
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+    return out

@@ -337,15 +337,25 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any],
     return changes
 
 
-def check_config(checkpoint: str | Path, config: Mapping[str, Any], *, allow_change: bool) -> list[str]:
+def check_config(checkpoint: str | Path, config: Mapping[str, Any], *, allow_change: bool,
+                 defaults: Mapping[str, Any] | None = None) -> list[str]:
     """Compare the run config resuming (``dataclasses.asdict`` of it) with the checkpoint's
     ``config.json``: ValueError listing each change (``config_changes``), or, with
-    ``allow_change``, a warning with the same list. Returns the changes."""
+    ``allow_change``, a warning with the same list. Returns the changes. A setting the
+    checkpoint lacks (added to the code since it was written) that is at its value in
+    ``defaults`` (nested as the config) is no change: it is named in a warning."""
     path = Path(checkpoint) / CONFIG
     if not path.exists():
         changes = [f"{CONFIG}: not in the checkpoint, nothing to compare the run's config with"]
     else:
-        changes = config_changes(json.loads(path.read_text(encoding="utf-8")), config)
+        saved = flatten(json.loads(path.read_text(encoding="utf-8")))
+        known = flatten(json.loads(json.dumps(defaults or {}, default=str)))
+        now = flatten(json.loads(json.dumps(config, default=str)))
+        added = sorted(k for k in now.keys() - saved.keys() if k in known and known[k] == now[k])
+        if added:
+            warnings.warn(f"resuming from {checkpoint}: settings added since it was written, at their "
+                          f"defaults: {', '.join(added)}", stacklevel=2)
+        changes = config_changes(saved, {k: v for k, v in now.items() if k not in added})
     if not changes:
         return changes
     listed = "\n".join(f"  {c}" for c in changes)

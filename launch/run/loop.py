@@ -44,10 +44,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from launch.config import schema
 from launch.config.schema import RunConfig
 from launch.model.hub import hub_access
 from launch.model.prepare import prepare_model
-from launch.run import checkpoints
+from launch.run import checkpoints, evaluation
 from launch.run.memory import MemoryMonitor
 from launch.run.metrics import RunLogger
 from launch.run.pages import write_eval_page
@@ -175,7 +176,8 @@ def _resume_point(cfg: RunConfig, run_dir: Path) -> dict[str, Any] | None:
     if not cfg.train.resume:
         return None
     latest = checkpoints.latest_or_fail(run_dir)
-    checkpoints.check_config(latest, dataclasses.asdict(cfg), allow_change=cfg.train.allow_config_change)
+    checkpoints.check_config(latest, dataclasses.asdict(cfg), allow_change=cfg.train.allow_config_change,
+                             defaults=schema.defaults())
     return {**checkpoints.read_extra(latest), "path": latest}
 
 
@@ -185,9 +187,19 @@ def _log_dir(cfg: RunConfig, run_dir: Path) -> Path | None:
 
 
 def _eval_text(record: dict[str, Any]) -> str:
-    """"success 0.438 | observation 0.71 | prediction 0.52": the judge's scores where the env has one."""
-    scores = [f"{k.removesuffix('_score')} {v:.2f}" for k, v in record.items() if k.endswith("_score")]
-    return " | ".join([f"success {record['success']:.3f}", *scores])
+    """"greedy 0.438 [0.38, 0.50] | sampled 0.402 [0.36, 0.44] | failed 2 | observation 0.71":
+    success with its 95% interval, the failed episodes where any, the judge's scores where the
+    env has one (launch/run/evaluation.py)."""
+    parts = [f"greedy {record['success']:.3f} [{record['success_lo']:.2f}, {record['success_hi']:.2f}]"]
+    if "sampled/success" in record:
+        parts.append(f"sampled {record['sampled/success']:.3f} "
+                     f"[{record['sampled/success_lo']:.2f}, {record['sampled/success_hi']:.2f}]")
+    failed = record.get("n_failed", 0) + record.get("sampled/n_failed", 0)
+    if failed:
+        parts.append(f"failed {failed:.0f}")
+    parts += [f"{k.removesuffix('_score')} {v:.2f}" for k, v in record.items()
+              if k.endswith("_score") and "/" not in k]
+    return " | ".join(parts)
 
 
 def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogger,
@@ -212,7 +224,8 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
                    "optimizer_fingerprint": loaded["optimizer_fingerprint_loaded"]}
     if not evals and (record := _evaluate(cfg, run_dir, supervisor, logger, seeds, step, stop)):
         evals.append(record)
-        print(f"eval before RL: {_eval_text(record)} on {len(seeds)} seeds", flush=True)
+        print(f"eval before RL: {_eval_text(record)} on {len(seeds)} seeds "
+              f"(+{cfg.train.eval_samples} sampled each)", flush=True)
     if t.mode == "async":
         supervisor.start_runs(step, dropped=dropped)
     while step < t.steps and not stop.requested:
@@ -258,6 +271,9 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
     last = [e["success"] for e in evals[-3:]]
     return {"steps": step, "eval_before": evals[0]["success"] if evals else None,
             "eval_after": evals[-1]["success"] if evals else None,
+            "eval_after_interval": [evals[-1]["success_lo"], evals[-1]["success_hi"]] if evals else None,
+            "eval_before_sampled": evals[0].get("sampled/success") if evals else None,
+            "eval_after_sampled": evals[-1].get("sampled/success") if evals else None,
             "eval_last3_mean": sum(last) / len(last) if last else None, "interrupted": stop.requested,
             "actor_restarts": supervisor.incarnations, "actors": supervisor.actor_stats(),
             "accounting": accounting, "episodes": ledger, "resumed_from": resumed}
@@ -278,14 +294,18 @@ def _sent_as_read(readings: list[dict[str, Any]]) -> dict[str, int]:
 
 def _evaluate(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogger,
               seeds: list[int], step: int, stop: Stop) -> dict[str, Any] | None:
-    """One evaluation: its means logged (the returned record), its recorded episodes written as
-    ``<run dir>/episodes/eval_step_<step>.html``; None if a stop request came first or during it."""
+    """One evaluation: its figures logged (the returned record: launch/run/evaluation.py's
+    ``summarize``), every episode's outcome written to ``<run dir>/evals/step_<step>.jsonl``,
+    its recorded episodes as ``<run dir>/episodes/eval_step_<step>.html``; None if a stop
+    request came first or during it."""
     try:
         with stop.interruptible("the evaluation"):
-            means = supervisor.evaluate(seeds, cfg.train.eval_pages)
+            result = supervisor.evaluate(seeds, cfg.train.eval_pages, cfg.train.eval_samples)
     except Interrupted:
         return None
-    episodes = means.pop("episodes", [])
+    evaluation.write_outcomes(run_dir, step, result["outcomes"])
+    means = evaluation.summarize(result["outcomes"])
+    episodes = result.get("episodes", [])
     record = logger.log("eval", step, means)
     if cfg.train.eval_pages:
         write_eval_page(run_dir, step, means, episodes, cfg.env_name)

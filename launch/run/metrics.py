@@ -73,8 +73,9 @@ class RunLogger:
         return line
 
     def plot(self) -> Path | None:
-        """learning_curve.png, titled with the env: training success per step and greedy eval
-        success; below, where the env has a reasoning judge, its eval scores (``eval_scores``)."""
+        """learning_curve.png, titled with the env: training success per step, and greedy and
+        sampled eval success with their 95% intervals; below, where the env has a reasoning
+        judge, its eval scores (``eval_scores``)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -91,9 +92,10 @@ class RunLogger:
         if train:
             ax.plot([r["step"] for r in train], [r["rollout/success"] for r in train],
                     label="rollout success (sampled)", alpha=0.6)
-        if evals:
-            ax.plot([r["step"] for r in evals], [r["success"] for r in evals], "o-",
-                    label="eval success (greedy, held-out seeds)")
+        for name, (steps, values, lo, hi) in eval_successes(evals).items():
+            ax.errorbar(steps, values, yerr=[[v - x for v, x in zip(values, lo)], [x - v for v, x in zip(values, hi)]],
+                        fmt="o-" if name == "greedy" else "s--", capsize=3,
+                        label=f"eval success ({name}, held-out seeds, 95% interval)")
         ax.set_ylabel("success rate")
         if self.env_name:
             ax.set_title(self.env_name)
@@ -119,15 +121,30 @@ class RunLogger:
             self._wandb = None
 
 
+def eval_successes(records: list[dict[str, Any]]) -> dict[str, tuple[list[Any], ...]]:
+    """Greedy and sampled success over the eval records with their 95% intervals: mode ->
+    (steps, values, lows, highs), in record order (a record without an interval: the value)."""
+    out: dict[str, tuple[list[Any], ...]] = {}
+    for prefix, name in (("", "greedy"), ("sampled/", "sampled")):
+        points = [r for r in records if r["kind"] == "eval" and f"{prefix}success" in r]
+        if points:
+            values = [r[f"{prefix}success"] for r in points]
+            out[name] = ([r["step"] for r in points], values,
+                         [r.get(f"{prefix}success_lo", v) for r, v in zip(points, values)],
+                         [r.get(f"{prefix}success_hi", v) for r, v in zip(points, values)])
+    return out
+
+
 def eval_scores(records: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
     """The reasoning judge's scores over the eval records (every key ending in ``_score``, e.g.
-    ``observation_score``): name -> (steps, values), in record order; {} without a judge."""
+    ``observation_score``, of the greedy episodes): name -> (steps, values), in record order;
+    {} without a judge."""
     out: dict[str, tuple[list[int], list[float]]] = {}
     for r in records:
         if r["kind"] != "eval":
             continue
         for key, value in r.items():
-            if key.endswith("_score") and isinstance(value, (int, float)):
+            if key.endswith("_score") and "/" not in key and isinstance(value, (int, float)):
                 steps, values = out.setdefault(key, ([], []))
                 steps.append(r["step"])
                 values.append(float(value))

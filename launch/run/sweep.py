@@ -16,7 +16,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 COLUMNS = ("run", "overrides", "steps", "eval_before", "eval_after", "eval_last3_mean",
-           "interrupted", "status")
+           "eval_before_sampled", "eval_after_sampled", "interrupted", "status")
 
 
 def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""What both topologies make of their processes' answers: the actors' evaluations as one, each
-actor's share of the evaluation seeds, a weight push's timings.
+"""What both topologies make of their processes' answers: the actors' evaluations as one (their
+episodes' outcomes: launch/run/evaluation.py makes the figures), each actor's share of the
+evaluation seeds, a weight push's timings.
 
 Called by launch/topology/ray_cluster.py and launch/topology/local_cluster.py. Pure functions.
 """
@@ -9,18 +10,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 
-def weighted_means(parts: list[dict[str, float]]) -> dict[str, float]:
-    """The actors' evaluations (each with its episode count ``n``) as one: means weighted by
-    episodes; an actor that finished no episode has no scores; values that are not numbers (the
-    recorded ``episodes``) are left out."""
-    total = sum(p["n"] for p in parts)
-    counted = [p for p in parts if p["n"]] or parts
-    keys = sorted({k for p in counted for k, v in p.items() if k != "n" and isinstance(v, (int, float))})
-    out = {k: sum(p.get(k, 0.0) * p["n"] for p in parts) / max(total, 1) for k in keys}
-    out["n"] = float(total)
-    return out
-
-
 def eval_shares(seeds: list[int], actors: int, pages: int) -> list[tuple[list[int], int]]:
     """Per actor: its share of ``seeds`` (round robin) and how many of the share's first episodes
     it records, so that the recorded episodes are those of the first ``pages`` seeds."""
@@ -28,9 +17,12 @@ def eval_shares(seeds: list[int], actors: int, pages: int) -> list[tuple[list[in
 
 
 def combine_evaluations(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The actors' ``evaluate`` results as one: ``weighted_means``, and the recorded episodes
-    of all (plain data, not metrics) under ``episodes``, ordered by seed, where there are any."""
-    out: dict[str, Any] = weighted_means(parts)
+    """The actors' ``evaluate`` results as one: every episode's outcome under ``outcomes``
+    (greedy ones first, each kind by seed, then sample), and the recorded episodes of all
+    (plain data) under ``episodes``, ordered by seed, where there are any."""
+    outcomes = sorted((o for p in parts for o in p["outcomes"]),
+                      key=lambda o: (o["sample"] >= 0, o["seed"], o["sample"]))
+    out: dict[str, Any] = {"outcomes": outcomes}
     episodes = sorted((e for p in parts for e in p.get("episodes", ())), key=lambda e: e["seed"])
     if episodes:
         out["episodes"] = episodes

@@ -308,27 +308,32 @@ def test_a_vlm_update_waits_for_answers_in_flight(tokenizer):
                                        ("resume",)]
 
 
-def test_evaluate_plays_greedy_episodes_without_sending(tokenizer):
+def test_evaluate_plays_greedy_and_sampled_episodes_without_sending(tokenizer):
     async def scenario():
         actor = _actor(tokenizer)
         await actor.start()
-        out = await actor.evaluate([1, 2, 3, 4, 5])
+        out = await actor.evaluate([1, 2, 3, 4, 5], samples=2)
         stats = await actor.stats()
         await actor.close()
         return out, stats
 
     out, stats = asyncio.run(scenario())
-    # FrozenLake's rule judge scores the answers: its means come with the episode metrics.
-    assert set(out) == {"success", "reward", "format_correct", "turns", "n",
-                        "observation_score", "prediction_score"}
-    assert out["n"] == 5 and 1 <= out["turns"] <= 3
-    assert 0 <= out["observation_score"] <= 1 and 0 <= out["prediction_score"] <= 1
+    outcomes = out["outcomes"]
+    assert set(out) == {"outcomes"}
+    assert [(o["seed"], o["sample"]) for o in outcomes] == (
+        [(s, -1) for s in range(1, 6)] + [(s, j) for s in range(1, 6) for j in range(2)])
+    for o in outcomes:
+        # FrozenLake's rule judge scores the answers: its scores come with the episode's
+        assert set(o) == {"seed", "sample", "failure", "success", "reward", "format_correct", "turns",
+                          "reward_env", "reward_format", "reward_reasoning",
+                          "observation_score", "prediction_score"}
+        assert o["failure"] is None and 1 <= o["turns"] <= 3 and 0 <= o["observation_score"] <= 1
     assert stats["episodes_done"] == 0  # evaluation is not training
 
 
 def test_evaluate_records_the_episodes_of_its_first_seeds(tokenizer):
     """record=3: the episodes of seeds 1, 2, 3 come back turn by turn, the failed one (seed 2)
-    with its reason; the means are those of the finished episodes, as without recording."""
+    with its reason, as its outcome does."""
     async def scenario():
         actor = _actor(tokenizer, envs=FakeEnvs(fail_seed=2))
         await actor.start()
@@ -338,8 +343,9 @@ def test_evaluate_records_the_episodes_of_its_first_seeds(tokenizer):
 
     out = asyncio.run(scenario())
     episodes = out.pop("episodes")
-    assert out["n"] == 4 and set(out) == {"success", "reward", "format_correct", "turns", "n",
-                                          "observation_score", "prediction_score"}
+    failed = [o for o in out["outcomes"] if o["failure"]]
+    assert len(out["outcomes"]) == 5 and [(o["seed"], o["failure"]) for o in failed] == [(2, "worker_crashed")]
+    assert failed[0]["success"] == 0 and failed[0]["reward"] == 0  # it scored nothing
     assert [e["seed"] for e in episodes] == [1, 2, 3]
     assert [e["failure"] for e in episodes] == [None, "worker_crashed", None]
     assert episodes[1]["turns"] == [] and episodes[1]["metrics"] == {}
@@ -476,3 +482,29 @@ def test_each_answer_is_sampled_with_a_seed_of_its_episode_and_turn(tokenizer):
     assert len(set(train)) == len(train)  # every (group, member, turn) its own
     assert set(train).isdisjoint(other[:-4])  # another run seed, other seeds
     assert train[0] == actor_mod.sampling_seed(5, 2 * GROUP_STRIDE, 0, 0)  # actor 2's first group
+
+
+def test_sampled_evaluation_episodes_are_seeded_by_their_seed_and_sample_on_any_actor(tokenizer):
+    """The same held-out seed's k-th sampled episode gets the same sampling seeds whichever
+    actor plays it and whatever else that actor plays: evaluations split over any number of
+    actors pair up seed by seed."""
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    answer = tokenizer.encode(ANSWER, add_special_tokens=False) + [eos]
+
+    def seeds_of(eval_seeds):
+        engine = SeedRecorder(answer)
+
+        async def scenario():
+            actor = _actor(tokenizer, engine=engine, concurrency=1, max_turns=1, seed=5)
+            await actor.start()
+            await actor.evaluate(eval_seeds, samples=2)
+            await actor.close()
+
+        asyncio.run(scenario())
+        return engine.seeds
+
+    both = seeds_of([3, 4])  # greedy 3, 4; then 3 twice, 4 twice
+    alone = seeds_of([4])
+    assert both[:2] == [None, None] and alone[0] is None
+    assert both[4:] == alone[1:] == [actor_mod.sampling_seed(5, actor_mod.EVAL_KEY, 4, j + 1, 0) for j in range(2)]
+    assert len(set(both[2:])) == 4

@@ -184,6 +184,11 @@ def test_reasoning_scores_are_the_mean_over_turns_of_the_judges(tokenizer):
     assert result.metrics["observation_score"] == pytest.approx(1 / 3)
     assert result.metrics["prediction_score"] == 0.0
     assert result.trajectory.metrics == result.metrics  # they travel to the learner's rollout/*
+    # the reward is its parts, each summed over the turns: the env's, the format's, the judge's
+    m = result.metrics
+    assert m["reward"] == pytest.approx(m["reward_env"] + m["reward_format"] + m["reward_reasoning"])
+    assert m["reward_format"] > 0 and m["reward_reasoning"] > 0  # turns 1-2 in format, turn 1 true
+    assert sum(result.trajectory.turn_rewards) == pytest.approx(m["reward"])
 
     no_judge = make("frozenlake", **(load_config("frozenlake") | {"reasoning_reward": None}))
     generate, _ = scripted(tokenizer, answers)

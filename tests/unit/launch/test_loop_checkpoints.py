@@ -69,6 +69,22 @@ def test_resume_refuses_a_changed_config_unless_told(cfg, tmp_path):
         assert loop._resume_point(allowed, tmp_path)["step"] == 2
 
 
+def test_a_setting_added_since_the_checkpoint_is_no_change_at_its_default(cfg, tmp_path):
+    """A checkpoint written before a setting existed (here: train.eval_samples, removed from its
+    config.json) resumes with a warning while the setting is at its default, and is refused
+    when it is not."""
+    path = loop._checkpoint(cfg, _Supervisor(), tmp_path, 2)
+    saved = json.loads((path / "config.json").read_text())
+    del saved["train"]["eval_samples"]
+    (path / "config.json").write_text(json.dumps(saved))
+    checkpoints.write_manifest(path, 2)  # as that older version wrote it
+    with pytest.warns(UserWarning, match="settings added since it was written, at their defaults: train.eval_samples"):
+        assert loop._resume_point(_resuming(cfg, tmp_path), tmp_path)["step"] == 2
+    changed = _resuming(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_samples=3)), tmp_path)
+    with pytest.raises(ValueError, match=r"train.eval_samples: \(absent\) -> 3"):
+        loop._resume_point(changed, tmp_path)
+
+
 def test_resume_with_no_good_checkpoint_fails_naming_each(cfg, tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         loop._resume_point(_resuming(cfg, tmp_path), tmp_path)
@@ -106,7 +122,7 @@ class _Cluster:
         self.calls.append("read_probe")
         return [path.read_text() if sees else None for sees in self.sees]
 
-    def evaluate(self, seeds, pages=0):
+    def evaluate(self, seeds, pages=0, samples=0):
         self.calls.append("evaluate")
         raise KeyError("the run went on")
 

@@ -1,7 +1,7 @@
 """launch.run.metrics.RunLogger: jsonl records, progress line, learning-curve PNG (with the judge's
 eval scores)."""
 
-from launch.run.metrics import RunLogger, eval_scores, read_records
+from launch.run.metrics import RunLogger, eval_scores, eval_successes, read_records
 
 
 def test_records_are_jsonl_and_the_curve_is_drawn(tmp_path, capsys):
@@ -36,9 +36,13 @@ def test_the_curve_shows_the_judges_eval_scores_and_the_env(tmp_path):
     logger.log("eval", 0, {"success": 0.25, "observation_score": 0.5, "prediction_score": 0.25,
                            "n": 4.0, "episodes": [{"seed": 1, "turns": []}]})
     logger.log("train", 1, {"rollout/success": 0.5, "rollout/observation_score": 0.9})
-    logger.log("eval", 2, {"success": 0.75, "observation_score": 0.75, "prediction_score": 0.5, "n": 4.0})
+    logger.log("eval", 2, {"success": 0.75, "success_lo": 0.3, "success_hi": 0.95, "observation_score": 0.75,
+                           "prediction_score": 0.5, "n": 4.0, "sampled/success": 0.5, "sampled/success_lo": 0.2,
+                           "sampled/success_hi": 0.8, "sampled/observation_score": 0.6})
     assert eval_scores(logger.records) == {"observation_score": ([0, 2], [0.5, 0.75]),
-                                           "prediction_score": ([0, 2], [0.25, 0.5])}
+                                           "prediction_score": ([0, 2], [0.25, 0.5])}  # the greedy ones
+    assert eval_successes(logger.records) == {"greedy": ([0, 2], [0.25, 0.75], [0.25, 0.3], [0.25, 0.95]),
+                                              "sampled": ([2], [0.5], [0.2], [0.8])}
     assert eval_scores([r for r in logger.records if r["kind"] == "train"]) == {}
     assert logger.env_name == "sokoban"
     png = logger.plot()

@@ -11,7 +11,7 @@ import pytest
 
 from launch.config.compose import compose
 from launch.run import loop, supervisor
-from launch.topology.combine import combine_evaluations, eval_shares, push_timings, weighted_means
+from launch.topology.combine import combine_evaluations, eval_shares, push_timings
 from launch.topology.factory import make_cluster
 from launch.topology.local_cluster import LocalCluster
 from launch.topology.protocol import Actors, Cluster, Learners, PushError
@@ -74,12 +74,6 @@ def test_the_factory_builds_the_configured_topology():
     assert type(make_cluster(compose(["topology=local"]))) is LocalCluster
 
 
-def test_evaluations_are_weighted_by_episodes():
-    parts = [{"success": 1.0, "turns": 2.0, "n": 3}, {"success": 0.0, "turns": 4.0, "n": 1},
-             {"success": 0.5, "n": 0}]  # an actor that finished no episode has no weight
-    assert weighted_means(parts) == {"success": 0.75, "turns": 2.5, "n": 4.0}
-
-
 def test_the_recorded_episodes_are_those_of_the_first_seeds():
     seeds = [10, 11, 12, 13, 14, 15, 16]
     assert eval_shares(seeds, 3, 4) == [([10, 13, 16], 2), ([11, 14], 1), ([12, 15], 1)]
@@ -88,11 +82,15 @@ def test_the_recorded_episodes_are_those_of_the_first_seeds():
     def ep(seed):
         return {"seed": seed, "turns": []}
 
-    parts = [{"success": 1.0, "n": 2, "episodes": [ep(10), ep(13)]},
-             {"success": 0.0, "n": 2, "episodes": [ep(11)]}, {"success": 0.0, "n": 0}]
-    assert weighted_means(parts) == {"success": 0.5, "n": 4.0}  # the episodes are no metric
-    assert combine_evaluations(parts) == {"success": 0.5, "n": 4.0,
-                                          "episodes": [ep(10), ep(11), ep(13)]}
+    def out(seed, sample=-1):
+        return {"seed": seed, "sample": sample, "success": 1.0}
+
+    parts = [{"outcomes": [out(10), out(13), out(10, 0), out(13, 0)], "episodes": [ep(10), ep(13)]},
+             {"outcomes": [out(11), out(11, 0)], "episodes": [ep(11)]}, {"outcomes": []}]
+    # every actor's outcomes, greedy first, each by seed: the same whatever the split
+    assert combine_evaluations(parts) == {
+        "outcomes": [out(10), out(11), out(13), out(10, 0), out(11, 0), out(13, 0)],
+        "episodes": [ep(10), ep(11), ep(13)]}
     assert "episodes" not in combine_evaluations(parts[2:])
 
 
