@@ -96,6 +96,11 @@ def make_demonstrations(env_name: str, env_config: Mapping[str, Any], tokenizer,
                          "(vision=actors.vision.VisionTokens.from_pretrained(<a VLM>))")
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     if hasattr(env, "demonstrate"):  # an env that writes its own answers (the SVG env)
+        if mistake != "random" and action_noise > 0:
+            env.close()
+            raise ValueError(f"the {env_name} env writes its demonstrations itself, with one kind of "
+                             f"mistake (its own): warm_start.mistake={mistake} means nothing there; "
+                             "leave it at random")
         try:
             return [_played(env, env_name, tokenizer, vision, eos, int(seed), first_index + i,
                             functools.partial(env.demonstrate, np.random.default_rng([rng_seed, seed]),

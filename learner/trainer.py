@@ -204,9 +204,13 @@ class Trainer:
         if self.critic is not None:
             metrics.exact["critic/explained_variance"] = explained_variance(values, returns, mask)
             if self.value_norm is not None:
+                first = self.value_norm.stats is None
                 self.value_norm.update(returns, mask, self.critic.head)
                 metrics.exact["critic/return_mean"], _, metrics.exact["critic/return_std"] = self.value_norm.stats
-        return replace(rows, advantages=adv, returns=returns)
+                if first:  # the values were the fresh head's output as it is; the first statistics
+                    # give it units (the head is not rescaled then): the value loss's old values in them
+                    values = self.value_norm.denormalize(values)
+        return replace(rows, advantages=adv, returns=returns, values=values)
 
     def _inputs(self, rows: Rows) -> dict:
         """The models' image inputs for ``rows`` ({} for a text model or rows without images)."""

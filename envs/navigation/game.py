@@ -55,6 +55,10 @@ ACTIONS = ("moveahead", "moveback", "moveleft", "moveright", "rotateleft", "rota
 _EFFECT = {"moveahead": (1, 0, 0, 0), "moveback": (-1, 0, 0, 0), "moveleft": (0, -1, 0, 0),
            "moveright": (0, 1, 0, 0), "rotateleft": (0, 0, 1, 0), "rotateright": (0, 0, -1, 0),
            "lookup": (0, 0, 0, 1), "lookdown": (0, 0, 0, -1)}
+_UNDO = {"moveahead": "moveback", "moveback": "moveahead", "moveleft": "moveright",
+         "moveright": "moveleft", "rotateleft": "rotateright", "rotateright": "rotateleft",
+         "lookup": "lookdown", "lookdown": "lookup"}
+"""Each action's opposite: the ``"reverse"`` mistake of a demonstration."""
 # The expert's order of trial: turns first, so that among shortest plans it faces where it goes.
 _SOLVER_ORDER = ("rotateleft", "rotateright", "moveahead", "moveback", "moveleft", "moveright")
 # Heading h (quarter turns left of +x): the facing and the right vector in (x, z). MiniWorld's
@@ -310,17 +314,31 @@ class Navigation:
     def demonstrate_turn(self, rng: np.random.Generator, noise: float, k: int,
                          structured: bool = False, mistake: str = "random"
                          ) -> tuple[list[str], str, int]:
-        """(the expert's next ``k`` actions, each replaced by a random one with probability
-        ``noise``, the state text after them, how many were random), replanned after every
-        action; stops where the episode would end."""
+        """(the expert's next ``k`` actions, each replaced with probability ``noise`` by a
+        mistake, the state text after them, how many were mistakes), replanned after every
+        action; stops where the episode would end. The mistake, as for the grid games
+        (actors/demonstrations.py): a random action (``"random"``), the expert's move undone
+        (``"reverse"``: ahead for back, left for right, ...), the turn's previous action again
+        (``"repeat"``; the first is the expert's), or always the first action (``"habit"``:
+        moveahead). With no plan (the target out of reach) every action is random."""
         pose, steps, actions, misses = self.pose, self.steps, [], 0
         plan = self.solve_from(pose)
+        previous = None
         for _ in range(k):
             if plan and rng.random() >= noise:
                 action, plan = plan[0], plan[1:]  # the rest of a shortest plan is one from here
             else:
-                action, misses = ACTIONS[int(rng.integers(len(ACTIONS)))], misses + 1
+                if plan and mistake == "reverse":
+                    action = _UNDO[plan[0]]
+                elif plan and mistake == "repeat":
+                    action = previous or plan[0]
+                elif plan and mistake == "habit":
+                    action = ACTIONS[0]
+                else:
+                    action = ACTIONS[int(rng.integers(len(ACTIONS)))]
+                misses += not (mistake == "repeat" and plan and previous is None)
                 plan = None
+            previous = action
             actions.append(action)
             pose, steps = self._next(pose, action), steps + 1
             plan = plan if plan is not None else self.solve_from(pose)

@@ -2,6 +2,7 @@
 the rewards, determinism, bad answers and the demonstrations."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -162,6 +163,12 @@ def test_demonstrations_succeed_without_noise_and_wander_with_it():
                                 rng_seed=0)
     assert all(t.metrics["random_action_share"] == 1.0 for t in noisy)
     assert np.mean([t.metrics["success"] for t in noisy]) < 1.0
+    # the systematic mistakes work here as for the grid games: the habit is always moveahead
+    habit = make_demonstrations("navigation", config, tokenizer, [1, 2, 3], action_noise=1.0,
+                                rng_seed=0, mistake="habit")
+    written = [tokenizer.decode(t.token_ids[t.loss_mask].tolist()) for t in habit]  # the answers alone
+    answers = [a for text in written for a in re.findall(r"<answer>(.*?)</answer>", text)]
+    assert answers and all(set(re.split(r"\W+", a.strip())) <= {"moveahead", ""} for a in answers), answers
 
 
 def test_textures_are_decoded_to_the_bytes_pyglet_gives():

@@ -349,3 +349,6 @@ def test_the_svg_env_demonstrates_with_the_targets_own_svg(vl_path, tokenizer):
     assert all(len(d.turn_rewards) == 2 for d in noisy)  # VAGEN's two turns, both missed
     with pytest.raises(ValueError, match="vision tokens"):
         make_demonstrations("svg", config, tokenizer, [0], action_noise=0.0, rng_seed=0)
+    # its mistakes are its own: a systematic one asked for is refused, not ignored
+    with pytest.raises(ValueError, match="warm_start.mistake=habit means nothing there"):
+        make_demonstrations("svg", config, tok, [0], action_noise=0.5, rng_seed=0, vision=vision, mistake="habit")

@@ -524,3 +524,19 @@ def test_value_norm_lets_a_fresh_critic_fit_returns_of_several_units(model_path,
             metrics = trainer.train_step(trajectories, version=0)
         explained[norm] = metrics["critic/explained_variance"]
     assert explained[False] < 0.3 and explained[True] > 0.6, explained
+
+
+def test_the_first_critic_update_clips_against_the_heads_own_old_values(model_path, hf_model):
+    """Step 1 with value_norm: the statistics are set from this batch and the head keeps its
+    weights, so the old values the clipped value loss compares with must be the head's outputs in
+    the statistics' units. In one minibatch and one epoch the critic has not moved when its loss
+    is taken: nothing is clipped (before the fix the old values stayed in the head's raw units,
+    about 0, and the clip bound most tokens)."""
+    trajectories = _batch(hf_model, 8)
+    for t in trajectories:
+        t.turn_rewards = t.turn_rewards * 10 + 5
+    trainer = Trainer(_config(model_path, "vagen_full", critic_warmup=100, value_norm=True, value_clip=0.2,
+                              kl_in_reward=None, epochs=1, num_minibatches=1))
+    metrics = trainer.train_step(trajectories, version=0)
+    assert metrics["critic/clip_frac"] == 0.0
+    assert metrics["critic/return_mean"] > 1  # the returns are several units away from the raw head
