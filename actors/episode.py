@@ -17,10 +17,10 @@ Invariants:
 - ``turn_end`` marks the last generated token of each turn; ``turn_rewards[t]`` is turn t's
   reward from the env. A turn whose answer is empty cannot carry a reward: the episode ends there.
 - ``EpisodeResult.metrics`` (also the trajectory's): success, turns, reward and its parts
-  (``REWARD_PARTS``), format_correct, token counts and times; with a reasoning judge,
-  ``observation_score`` and ``prediction_score``, the means over the episode's turns of the
-  judge's scores (``reasoning/*_score`` in the env's per-turn metrics; 0 for a turn out of
-  format).
+  (``REWARD_PARTS``), the executed actions counted by name (``action/<name>``), format_correct,
+  token counts and times; with a reasoning judge, ``observation_score`` and
+  ``prediction_score``, the means over the episode's turns of the judge's scores
+  (``reasoning/*_score`` in the env's per-turn metrics; 0 for a turn out of format).
 - Images (a VLM, actors/vision.py): each observation's images become the model's pad runs, in
   order, and the trajectory carries them. An answer holding a vision token (the model wrote an
   image placeholder) fails the episode ("vision_token_generated"): it cannot be trained on.
@@ -32,8 +32,9 @@ Invariants:
 from __future__ import annotations
 
 import base64
+import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +195,19 @@ REWARD_PARTS = {"reward_env": "env_reward", "reward_format": "format_reward",
 reports none of them has them 0 (the episode's ``reward`` is then the env's alone)."""
 
 
+MAX_ACTION_NAMES = 16
+"""The most action names an episode's metrics count apart; later names count as ``other``."""
+
+
+def action_name(action: Any, seen: Mapping[str, float]) -> str:
+    """An executed action's name for the action histogram (``action/<name>`` in the episode's
+    metrics: how many times it was executed): its leading word (``pick(10, 20)`` -> ``pick``),
+    ``other`` for one without or past ``MAX_ACTION_NAMES`` names."""
+    match = re.match(r"[A-Za-z_]\w*", str(action))
+    name = match.group(0).lower() if match else "other"
+    return name if name in seen or len(seen) < MAX_ACTION_NAMES else "other"
+
+
 def judge_scores(turn_metrics: dict[str, float]) -> dict[str, float]:
     """The reasoning judge's scores among an env turn's ``info["metrics"]``, named without the
     ``reasoning/`` prefix: ``{"observation_score": ..., "prediction_score": ...}`` ({} without a judge)."""
@@ -250,6 +264,7 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
     rewards: list[float] = []
     scores: dict[str, float] = {}  # the reasoning judge's scores, summed over turns
     parts = dict.fromkeys(REWARD_PARTS, 0.0)  # the reward's parts, summed over turns
+    actions: dict[str, float] = {}  # executed actions by name, counted over turns
     success = format_ok = 0.0
     gen_s = env_s = 0.0
     generated = 0
@@ -284,6 +299,9 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
             scores[name] = scores.get(name, 0.0) + value
         for name, key in REWARD_PARTS.items():
             parts[name] += float(turn_metrics.get(key, 0.0))
+        for action in result.info.get("actions", ()):
+            name = action_name(action, actions)
+            actions[name] = actions.get(name, 0.0) + 1
         obs = result.observation
         if result.done:
             break
@@ -294,7 +312,8 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
         "format_correct": format_ok / len(rewards), "generated_tokens": float(generated),
         "context_tokens": float(len(ctx.token_ids)), "generate_s": gen_s, "env_s": env_s,
         "episode_s": time.perf_counter() - t0,
-    } | parts | {name: total / len(rewards) for name, total in scores.items()}
+    } | parts | {f"action/{name}": n for name, n in actions.items()} | {
+        name: total / len(rewards) for name, total in scores.items()}
     traj = ctx.to_trajectory(rewards, run_id=run_id, actor_id=actor_id, episode_id=episode_id,
                              env_name=env_name, seed=seed, group_id=group_id, metrics=metrics,
                              created_at=time.time())

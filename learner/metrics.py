@@ -71,3 +71,45 @@ class StepMetrics:
         dist.all_reduce(t)
         s, w = t.tolist()[:len(keys)], t.tolist()[len(keys):]
         return {k: s[i] / w[i] if w[i] > 0 else math.nan for i, k in enumerate(keys)} | self.exact
+
+
+def add_masked_mean(metrics: StepMetrics, key: str, x: torch.Tensor, mask: torch.Tensor) -> None:
+    """The mean of ``x`` over ``mask``, weighted by its tokens across ranks (a rank with none
+    adds the key with weight 0, as every rank must add the same keys)."""
+    n = float(mask.sum())
+    metrics.add(key, float(torch.where(mask, x, 0.0).sum()) / n if n else 0.0, n)
+
+
+def turn_starts(mask: torch.Tensor) -> torch.Tensor:
+    """The first policy token of each turn (a maximal run of ``mask`` in a row). (B, L) bool."""
+    before = torch.zeros_like(mask)
+    before[:, 1:] = mask[:, :-1]
+    return mask & ~before
+
+
+def turn_sums(x: torch.Tensor, mask: torch.Tensor, turn_end: torch.Tensor) -> torch.Tensor:
+    """Per turn (the policy tokens up to and including each ``turn_end``, row by row), the sum
+    of ``x`` over its tokens: a 1-D tensor, one entry per turn with a policy token."""
+    turn = torch.cumsum(turn_end.long(), dim=1) - turn_end.long()  # turn ends strictly before
+    rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)
+    keys = (rows * (mask.shape[1] + 1) + turn)[mask]
+    if not keys.numel():
+        return x.new_zeros(0)
+    _, inverse = torch.unique(keys, return_inverse=True)
+    out = x.new_zeros(int(inverse.max()) + 1)
+    return out.index_add_(0, inverse, x[mask])
+
+
+def vtrace_metrics(metrics: StepMetrics, log_rho: torch.Tensor, mask: torch.Tensor,
+                   turn_end: torch.Tensor, rho_clip: float) -> None:
+    """How much V-trace truncates this step: per policy token, the mean clipped ratio
+    min(rho_clip, pi/mu) (``vtrace/rho_mean``) and the share clipped (``vtrace/clipped``); per
+    turn, the same of the turn's ratio, the product of its tokens' (``vtrace/turn_rho_mean``,
+    ``vtrace/turn_clipped``), which turn-level estimators use."""
+    ratio = torch.exp(log_rho)
+    add_masked_mean(metrics, "vtrace/rho_mean", ratio.clamp(max=rho_clip), mask)
+    add_masked_mean(metrics, "vtrace/clipped", (ratio > rho_clip).float(), mask)
+    turn_ratio = torch.exp(turn_sums(torch.where(mask, log_rho, 0.0), mask, turn_end))
+    n = float(turn_ratio.numel())
+    metrics.add("vtrace/turn_rho_mean", float(turn_ratio.clamp(max=rho_clip).mean()) if n else 0.0, n)
+    metrics.add("vtrace/turn_clipped", float((turn_ratio > rho_clip).float().mean()) if n else 0.0, n)

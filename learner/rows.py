@@ -26,6 +26,8 @@ class Rows:
     logp_ref: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    answer: torch.Tensor | None = None
+    """bool: the policy tokens inside ``<answer>...</answer>`` (for metrics), None: not found."""
     vision: list | None = None
     """(m,) entries of learner.vision ``Encoded`` (a VLM's processed images), None: no images."""
 

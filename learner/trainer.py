@@ -50,13 +50,25 @@ from torch.distributed.tensor import DTensor
 from learner import advantages, checkpoint, losses
 from learner.batch import Batch, collate, kl_penalty
 from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
-from learner.metrics import StepMetrics, batch_metrics, explained_variance
+from learner.metrics import (
+    StepMetrics,
+    add_masked_mean,
+    batch_metrics,
+    explained_variance,
+    global_moments,
+    turn_starts,
+    vtrace_metrics,
+)
 from learner.models import ValueModel, lazy_full_state, load_model, token_logprobs
 from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
 from learner.spans import TagSpans
 from learner.value_norm import ValueNorm
 from learner.vision import ImageInputs, is_vision_config
 from transport.schema import Trajectory
+
+SECTION_METRICS = frozenset({"policy/entropy_answer", "policy/entropy_reasoning",
+                             "policy/behaviour_kl_answer", "policy/behaviour_kl_reasoning"})
+"""Metrics of a part of the answers, left out of a step whose batch has no token of it."""
 
 
 class Trainer:
@@ -91,12 +103,14 @@ class Trainer:
             self.critic_optim = self._adamw(self.critic, cfg.critic_lr)
         if cfg.kl_in_reward or cfg.kl_loss:
             self.ref = self._shard(load_model(self._policy_class(), cfg.model_path).requires_grad_(False))
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         self.kl_spans = None  # kl_loss.tags: the policy tokens the KL loss acts on
         if cfg.kl_loss and cfg.kl_loss.get("tags"):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
             self.kl_spans = TagSpans.from_tokenizer(tokenizer, cfg.kl_loss["tags"])
+        # the answer apart from the rest (the reasoning): entropy and KL of each in the metrics
+        self.answer_spans = TagSpans.from_tokenizer(tokenizer, ["answer"])
 
     def _policy_class(self):
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -135,6 +149,8 @@ class Trainer:
         self._update(rows, metrics)
         self.steps_done += 1
         out = metrics.reduce(self.device) | batch_metrics(batch, lengths, version)
+        # a batch without answers (or with nothing else) has no such part: no figure, not NaN
+        out = {k: v for k, v in out.items() if not (k in SECTION_METRICS and math.isnan(v))}
         out["policy/entropy_coef"] = self.entropy_coef
         if self.cfg.entropy_target is not None and "policy/entropy" in out:  # same on every rank
             step = self.cfg.entropy_adapt_rate * (self.cfg.entropy_target - out["policy/entropy"])
@@ -192,17 +208,29 @@ class Trainer:
         tokens = float(mask.sum())
         behaviour = rows.batch.behaviour_logprobs
         metrics.add("policy/behaviour_kl", float(advantages.masked_mean(behaviour - logp_prox, mask)), tokens)
+        answer = self.answer_spans.mask(rows.batch.token_ids, mask)
+        add_masked_mean(metrics, "policy/behaviour_kl_answer", behaviour - logp_prox, answer)
+        add_masked_mean(metrics, "policy/behaviour_kl_reasoning", behaviour - logp_prox, mask & ~answer)
         rewards = rows.batch.token_rewards
         if self.cfg.kl_in_reward:
             rewards = kl_penalty(rows.batch, logp_ref, self.cfg.kl_in_reward["coef"])
             metrics.add("ref/kl_in_reward", float(advantages.masked_mean(behaviour - logp_ref, mask)), tokens)
         adv, returns = self._advantages(rows, rewards, batch, index)
+        _, ((adv_mean, adv_sq),) = global_moments(mask, adv)  # before whitening
+        metrics.exact["advantage/mean"] = adv_mean
+        metrics.exact["advantage/std"] = math.sqrt(max(adv_sq - adv_mean * adv_mean, 0.0))
+        if self.cfg.vtrace and self.cfg.estimator != "grpo":
+            vtrace_metrics(metrics, torch.where(mask, logp_prox - behaviour, 0.0), mask, rows.batch.turn_end,
+                           self.cfg.estimator_args.get("rho_clip", 1.0))
         if self.cfg.whiten_advantages:
             over = (advantages.turn_ends(mask, rows.batch.turn_end)
                     if self.cfg.estimator == "turn_wise_gae" else mask)
             adv = self._whiten(adv, mask, over)
         if self.critic is not None:
             metrics.exact["critic/explained_variance"] = explained_variance(values, returns, mask)
+            # at each turn's first token: the value of the state the env just showed
+            metrics.exact["critic/explained_variance_turn_start"] = explained_variance(
+                values, returns, turn_starts(mask))
             if self.value_norm is not None:
                 first = self.value_norm.stats is None
                 self.value_norm.update(returns, mask, self.critic.head)
@@ -210,7 +238,7 @@ class Trainer:
                 if first:  # the values were the fresh head's output as it is; the first statistics
                     # give it units (the head is not rescaled then): the value loss's old values in them
                     values = self.value_norm.denormalize(values)
-        return replace(rows, advantages=adv, returns=returns, values=values)
+        return replace(rows, advantages=adv, returns=returns, values=values, answer=answer)
 
     def _inputs(self, rows: Rows) -> dict:
         """The models' image inputs for ``rows`` ({} for a text model or rows without images)."""
@@ -315,6 +343,9 @@ class Trainer:
         metrics.add("loss/policy", float(loss.detach()), units)
         metrics.add("loss/entropy", float(ent_loss.detach()), units)
         metrics.add("policy/entropy", ent_stats["entropy"], units)
+        if rows.answer is not None:
+            add_masked_mean(metrics, "policy/entropy_answer", entropy.detach(), rows.answer)
+            add_masked_mean(metrics, "policy/entropy_reasoning", entropy.detach(), mask & ~rows.answer)
         for key, value in stats.items():
             metrics.add(f"policy/{key}", value, units)
 

@@ -189,6 +189,8 @@ def test_reasoning_scores_are_the_mean_over_turns_of_the_judges(tokenizer):
     assert m["reward"] == pytest.approx(m["reward_env"] + m["reward_format"] + m["reward_reasoning"])
     assert m["reward_format"] > 0 and m["reward_reasoning"] > 0  # turns 1-2 in format, turn 1 true
     assert sum(result.trajectory.turn_rewards) == pytest.approx(m["reward"])
+    # the action histogram: what the env executed, counted by name (turn 3 was out of format)
+    assert {k: v for k, v in m.items() if k.startswith("action/")} == {"action/down": 1.0, "action/up": 1.0}
 
     no_judge = make("frozenlake", **(load_config("frozenlake") | {"reasoning_reward": None}))
     generate, _ = scripted(tokenizer, answers)
@@ -281,3 +283,12 @@ def test_an_answer_cut_short_at_the_context_leaves_room_for_its_end_of_turn(toke
     with pytest.raises(ValueError, match="where 5 fit"):
         asyncio.run(run_episode(overflowing, OneEnvClient(env), 0, 1, tokenizer, max_turns=3,
                                 max_context=first + 6))
+
+
+def test_action_names_are_their_leading_word_within_a_bound():
+    from actors.episode import MAX_ACTION_NAMES, action_name
+
+    assert action_name("pick(10, 20, 30)", {}) == "pick" and action_name("Left", {}) == "left"
+    assert action_name("(1, 2)", {}) == "other" and action_name(3, {}) == "other"
+    full = {f"a{i}": 1.0 for i in range(MAX_ACTION_NAMES)}
+    assert action_name("a3", full) == "a3" and action_name("new", full) == "other"

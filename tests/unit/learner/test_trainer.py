@@ -540,3 +540,34 @@ def test_the_first_critic_update_clips_against_the_heads_own_old_values(model_pa
     metrics = trainer.train_step(trajectories, version=0)
     assert metrics["critic/clip_frac"] == 0.0
     assert metrics["critic/return_mean"] > 1  # the returns are several units away from the raw head
+
+
+def test_a_step_reports_the_learners_health(model_path, hf_model):
+    """The answer apart from the reasoning (entropy, behaviour KL), advantages before whitening,
+    V-trace's truncation, the critic at turn starts: present, finite, and the split right."""
+    trainer = Trainer(_config(model_path, "vagen_full", kl_in_reward=None, vtrace=True))
+    pieces = trainer.answer_spans.pieces
+    opening, closing = pieces.index("<answer>"), pieces.index("</answer>")
+    rng = np.random.default_rng(3)
+    trajectories = _batch(hf_model, 4)
+    reply = [30, 31, opening, GOOD, closing]  # two reasoning tokens, then the answer
+    trajectories += [_trajectory(rng, hf_model, group_id=9, good=True, turns=2, replies=[5, 5])
+                     for _ in range(2)]
+    for t in trajectories[-2:]:
+        t.token_ids[t.loss_mask] = reply * 2
+        t.behaviour_logprobs = np.where(
+            t.loss_mask, _hf_logprobs(hf_model, torch.from_numpy(t.token_ids).long()[None])[0].numpy(), 0.0
+        ).astype(np.float32)
+    ids, mask = _padded_ids(trajectories[-2:])
+    answer = trainer.answer_spans.mask(ids, mask)
+    assert answer.sum() == 2 * 2 * 3  # <answer> GOOD </answer> in each turn of each
+    metrics = trainer.train_step(trajectories, version=0)
+    for key in ("policy/entropy_answer", "policy/entropy_reasoning", "policy/behaviour_kl_answer",
+                "policy/behaviour_kl_reasoning", "advantage/mean", "advantage/std", "vtrace/rho_mean",
+                "vtrace/clipped", "vtrace/turn_rho_mean", "vtrace/turn_clipped",
+                "critic/explained_variance_turn_start"):
+        assert math.isfinite(metrics[key]), key
+    # the behaviour log-probs are the model's own: no drift on either part, nothing clipped much
+    assert abs(metrics["policy/behaviour_kl_answer"]) < 1e-4 and abs(metrics["policy/behaviour_kl_reasoning"]) < 1e-4
+    assert metrics["vtrace/rho_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert metrics["advantage/std"] > 0
