@@ -14,6 +14,8 @@ from actors.config import ActorConfig
 from actors.vision import engine_image_args
 
 EXTENSION = "actors.vllm_extension.WeightSyncExtension"
+MIN_BATCHED_TOKENS = 4096
+"""On CPU: the tokens one engine step may prefill at least (whole prompts, up to max_context)."""
 
 
 def build_engine(cfg: ActorConfig, vision: bool):
@@ -23,13 +25,20 @@ def build_engine(cfg: ActorConfig, vision: bool):
     actors/local_engine.py ``InProcessEngine`` (everything in this process)."""
     from vllm import AsyncEngineArgs
 
+    from vllm.platforms import current_platform
+
     images = engine_image_args(cfg.max_turns * cfg.images_per_turn) if vision else {}
+    # On CPU no prompt is prefilled in chunks: vLLM rewinds a seeded request's random generator
+    # after each partial prefill, which a CPU generator cannot do (the engine core dies with
+    # "CPU Generator does not use offset"), and every answer here is seeded.
+    whole = ({"enable_chunked_prefill": False, "max_num_batched_tokens": max(cfg.max_context, MIN_BATCHED_TOKENS)}
+             if current_platform.is_cpu() else {})
     args = AsyncEngineArgs(
         model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
         kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,
         max_num_seqs=cfg.num_slots, logprobs_mode="processed_logprobs",
         tensor_parallel_size=cfg.tensor_parallel,
-        worker_extension_cls=EXTENSION, disable_log_stats=True, **images)
+        worker_extension_cls=EXTENSION, disable_log_stats=True, **whole, **images)
     if cfg.engine == "in_process":
         if cfg.tensor_parallel != 1:
             raise ValueError("an in-process engine has one worker: tensor_parallel must be 1")

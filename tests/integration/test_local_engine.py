@@ -111,3 +111,36 @@ def test_shutdown_fails_requests_in_flight_and_later_calls(tmp_path):
         asyncio.run(scenario())
     finally:
         engine.shutdown()  # idempotent
+
+
+@pytest.mark.parametrize("kind", ["in_process", "async"])
+def test_long_seeded_prompts_all_at_once_do_not_kill_the_engine(tmp_path, kind):
+    """More prompt tokens at once than one engine step prefills, every request seeded (as every
+    answer of an actor is): on CPU vLLM would prefill some in chunks and then rewind their
+    seeded generators, which a CPU generator cannot do, and its engine core died ("CPU Generator
+    does not use offset") once the default job's prompts met the seeded sampling. Prompts are
+    prefilled whole instead, and each seeded answer is the same as alone."""
+    path = build_tiny_model(tmp_path / "model", seed=0)
+    engine = build_engine(ActorConfig(model_path=str(path), engine=kind, kv_cache_bytes=64 << 20,
+                                      max_context=2048, concurrency=8), vision=False)
+
+    def params(seed):
+        return sampling_params(temperature=1.0, max_tokens=4, ignore_eos=True, detokenize=False,
+                               logprobs=0, seed=seed)
+
+    async def answer(i, seed):
+        final = None
+        prompt = {"prompt_token_ids": [5 + (i + j) % 400 for j in range(1500)]}
+        async for output in engine.generate(prompt, params(seed), f"{kind}-{i}-{seed}"):
+            final = output
+        return list(final.outputs[0].token_ids)
+
+    async def together():  # 12,000 prompt tokens at once, then one of them alone
+        return await asyncio.gather(*(answer(i, 100 + i) for i in range(8))), await answer(3, 103)
+
+    try:
+        both, alone = asyncio.run(together())
+        assert all(len(a) == 4 for a in both)
+        assert alone == both[3]  # seeded: the same answer alone
+    finally:
+        engine.shutdown()
