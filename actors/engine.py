@@ -24,7 +24,6 @@ def build_engine(cfg: ActorConfig, vision: bool):
     an AsyncLLM (its core in a child process), or with ``cfg.engine == "in_process"`` an
     actors/local_engine.py ``InProcessEngine`` (everything in this process)."""
     from vllm import AsyncEngineArgs
-
     from vllm.platforms import current_platform
 
     images = engine_image_args(cfg.max_turns * cfg.images_per_turn) if vision else {}
