@@ -19,7 +19,7 @@ from launch.run.loop import train
 from launch.run.metrics import read_records
 
 LEARN_STEPS = int(os.environ.get("LEARN_STEPS", "20"))
-SMALL = ["warm_start.seeds=4000", "warm_start.steps=250", f"train.steps={LEARN_STEPS}", "train.eval_every=0",
+SMALL = ["warm_start.seeds=16000", "warm_start.steps=1000", f"train.steps={LEARN_STEPS}", "train.eval_every=0",
          "train.eval_seeds=128", "train.eval_samples=1", "train.eval_pages=0", "train.checkpoint_every=0",
          "logger.wandb=false"]
 
