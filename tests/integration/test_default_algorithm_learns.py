@@ -18,13 +18,14 @@ from launch.run import evaluation
 from launch.run.loop import train
 from launch.run.metrics import read_records
 
-LEARN_STEPS = int(os.environ.get("LEARN_STEPS", "20"))
+LEARN_STEPS = int(os.environ.get("LEARN_STEPS", "40"))
 SMALL = ["warm_start.seeds=16000", "warm_start.steps=1000", f"train.steps={LEARN_STEPS}", "train.eval_every=0",
-         "train.eval_seeds=128", "train.eval_samples=1", "train.eval_pages=0", "train.checkpoint_every=0",
+         "train.eval_seeds=128", "train.eval_samples=4", "train.eval_pages=0", "train.checkpoint_every=0",
          "logger.wandb=false"]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_vagen_full_raises_greedy_and_sampled_success_beyond_their_intervals(tmp_path):
     summary = train(compose(SMALL), tmp_path)
     evals = [r for r in read_records(tmp_path) if r["kind"] == "eval"]
