@@ -13,6 +13,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from learner.advantages import masked_mean
 from learner.batch import Batch
 
 
@@ -74,10 +75,9 @@ class StepMetrics:
 
 
 def add_masked_mean(metrics: StepMetrics, key: str, x: torch.Tensor, mask: torch.Tensor) -> None:
-    """The mean of ``x`` over ``mask``, weighted by its tokens across ranks (a rank with none
-    adds the key with weight 0, as every rank must add the same keys)."""
-    n = float(mask.sum())
-    metrics.add(key, float(torch.where(mask, x, 0.0).sum()) / n if n else 0.0, n)
+    """``masked_mean`` of ``x`` over ``mask``, weighted by its tokens across ranks (a rank with
+    none adds the key with weight 0, as every rank must add the same keys)."""
+    metrics.add(key, float(masked_mean(x, mask)), float(mask.sum()))
 
 
 def turn_starts(mask: torch.Tensor) -> torch.Tensor:

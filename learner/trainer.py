@@ -205,16 +205,15 @@ class Trainer:
         mask = rows.batch.loss_mask
         # How far the actors' sampling distribution is from the learner's (staleness, numerics):
         # the k1 estimate of KL(behaviour || proximal) on the sampled policy tokens.
-        tokens = float(mask.sum())
         behaviour = rows.batch.behaviour_logprobs
-        metrics.add("policy/behaviour_kl", float(advantages.masked_mean(behaviour - logp_prox, mask)), tokens)
+        add_masked_mean(metrics, "policy/behaviour_kl", behaviour - logp_prox, mask)
         answer = self.answer_spans.mask(rows.batch.token_ids, mask)
         add_masked_mean(metrics, "policy/behaviour_kl_answer", behaviour - logp_prox, answer)
         add_masked_mean(metrics, "policy/behaviour_kl_reasoning", behaviour - logp_prox, mask & ~answer)
         rewards = rows.batch.token_rewards
         if self.cfg.kl_in_reward:
             rewards = kl_penalty(rows.batch, logp_ref, self.cfg.kl_in_reward["coef"])
-            metrics.add("ref/kl_in_reward", float(advantages.masked_mean(behaviour - logp_ref, mask)), tokens)
+            add_masked_mean(metrics, "ref/kl_in_reward", behaviour - logp_ref, mask)
         adv, returns = self._advantages(rows, rewards, batch, index)
         _, ((adv_mean, adv_sq),) = global_moments(mask, adv)  # before whitening
         metrics.exact["advantage/mean"] = adv_mean
