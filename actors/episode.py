@@ -45,6 +45,7 @@ from envs.protocol import Observation, StepResult
 from envs.service import EnvClient
 from envs.wire import EpisodeFailure
 from transport.images import encode_image, expand_pads
+from transport.receiving import bounded_key
 from transport.schema import Trajectory
 
 _PROBE = "\x00probe\x00"
@@ -205,7 +206,7 @@ def action_name(action: Any, seen: Mapping[str, float]) -> str:
     ``other`` for one without or past ``MAX_ACTION_NAMES`` names."""
     match = re.match(r"[A-Za-z_]\w*", str(action))
     name = match.group(0).lower() if match else "other"
-    return name if name in seen or len(seen) < MAX_ACTION_NAMES else "other"
+    return bounded_key(seen, name, "other", MAX_ACTION_NAMES)
 
 
 def judge_scores(turn_metrics: dict[str, float]) -> dict[str, float]:

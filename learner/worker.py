@@ -48,6 +48,7 @@ from transport.channels import WeightSource, trajectory_source, weight_source
 from transport.cores import bind_cores
 from transport.liveness import Activity
 from transport.output import redirect_output
+from transport.receiving import bounded_key
 from transport.schema import Trajectory
 from transport.security import ServerKeys
 from transport.weights import listening_store
@@ -119,9 +120,7 @@ class Inbox:
                 with self._lock:
                     self.refused = refused
                     for actor, trajectory, nbytes in items:
-                        origin = trajectory.origin
-                        self.by_origin[origin if origin in self.by_origin
-                                       or len(self.by_origin) < MAX_ORIGINS else "others"] += 1
+                        self.by_origin[bounded_key(self.by_origin, trajectory.origin, "others", MAX_ORIGINS)] += 1
                         refusal = self.door and self.door.refusal(trajectory, self._version())
                         if refusal:
                             self._refuse(actor, refusal, nbytes)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
 from transport.codec import CodecError
 from transport.schema import SchemaError, Trajectory
@@ -50,12 +52,15 @@ def decode_trajectory(payload: bytes | memoryview, actor: str, max_bytes: int) -
         raise Rejected("schema", str(e)) from None
 
 
+def bounded_key(counter: Mapping[str, Any], key: str, overflow: str, limit: int = MAX_SENDER_KEYS) -> str:
+    """``key``, or ``overflow`` once ``counter`` holds ``limit`` keys and not ``key``: names a
+    sender makes up cannot grow a counter without bound."""
+    return key if key in counter or len(counter) < limit else overflow
+
+
 def count_rejected(rejected: Counter, kind: str, actor: str, detail: str) -> None:
     """Count a dropped message by kind and by ``kind/actor``; log the first of each kind."""
     if not rejected[kind]:
         log.warning("dropping malformed %s message (logged once per kind): %s", kind, detail)
     rejected[kind] += 1
-    key = f"{kind}/{actor}"
-    if key not in rejected and len(rejected) >= MAX_SENDER_KEYS:
-        key = f"{kind}/others"
-    rejected[key] += 1
+    rejected[bounded_key(rejected, f"{kind}/{actor}", f"{kind}/others")] += 1
