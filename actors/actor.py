@@ -335,7 +335,7 @@ class InferenceActor:
 
     async def _play(self, seed: int, group_id: int, temperature: float, top_p: float,
                     logprobs: bool = True, record: list[dict] | None = None, *,
-                    key: tuple[int, ...]) -> EpisodeResult:
+                    key: tuple[int, ...], blind: bool = False) -> EpisodeResult:
         """One episode; ``key`` (non-negative ints) names it among the run's episodes and seeds
         its sampling (``_generator``)."""
         slot = await self._slots.get()
@@ -344,7 +344,7 @@ class InferenceActor:
                 self._generator(temperature, top_p, logprobs, key), self.env, slot, seed, self.tokenizer,
                 max_turns=self.cfg.max_turns, max_context=self.cfg.max_context, run_id=self.cfg.run_id,
                 actor_id=self.cfg.actor_id, episode_id=next(self._episode_ids), group_id=group_id,
-                env_name=self.cfg.env_name, vision=self.vision, record=record)
+                env_name=self.cfg.env_name, vision=self.vision, record=record, blind=blind)
         except EnvServiceError as e:  # the remote service answered with an error: only this episode
             log.warning("env service error on slot %d: %s", slot, e)
             return EpisodeResult(None, failure="env_service_error")
@@ -412,7 +412,8 @@ class InferenceActor:
         return await self._weights.update(version)
 
     # --- evaluation and statistics ------------------------------------------------------------
-    async def evaluate(self, seeds: list[int], record: int = 0, samples: int = 0) -> dict[str, Any]:
+    async def evaluate(self, seeds: list[int], record: int = 0, samples: int = 0,
+                       blind: bool = False) -> dict[str, Any]:
         """Episodes on held-out ``seeds``, not sent to the learner: one greedy episode a seed, and
         ``samples`` more sampled at the training temperature (``temperature``, ``top_p``), each
         seeded by its seed and its sample's number, so the same seeds give the same episodes on
@@ -422,14 +423,15 @@ class InferenceActor:
         (a reason or None), "success", "reward", "format_correct", "turns", the judge's
         ``*_score``}``. With ``record``, the greedy episodes of the first ``record`` seeds come
         back as plain data under ``episodes``, in seed order, failed ones too: ``{"seed",
-        "failure", "metrics", "turns"}``, each turn actors/episode.py's ``turn_record``."""
+        "failure", "metrics", "turns"}``, each turn actors/episode.py's ``turn_record``.
+        ``blind``: the model sees every picture white (actors/episode.py's ``run_episode``)."""
         self._require_started()
         c = self.cfg
         plays = [(seed, -1) for seed in seeds] + [(seed, j) for seed in seeds for j in range(samples)]
         turns = [[] if sample < 0 and i < record else None for i, (_, sample) in enumerate(plays)]
         results = await asyncio.gather(*(
             self._play(seed, -1, 0.0 if sample < 0 else c.temperature, 1.0 if sample < 0 else c.top_p,
-                       False, rec, key=(EVAL_KEY, seed, sample + 1))
+                       False, rec, key=(EVAL_KEY, seed, sample + 1), blind=blind)
             for (seed, sample), rec in zip(plays, turns)))
         out: dict[str, Any] = {"outcomes": [outcome(seed, sample, r) for (seed, sample), r in zip(plays, results)]}
         if record:

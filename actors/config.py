@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from envs import splits
 from envs.config import EnvPoolConfig
 from transport.security import ClientKeys
 
@@ -78,7 +79,8 @@ class ActorConfig:
     seed: int = 0
     """Seeds the engine's sampler and, with actor_id, the stream of episode seeds."""
     train_seeds: tuple[int, int] = (0, 1_000_000)
-    """Episode seeds are drawn from [low, high)."""
+    """Episode seeds are drawn from [low, high): training seeds, clear of the held-out splits'
+    (envs/splits.py's ``SEEDS``)."""
     learner_address: str | None = None
     """The learner's trajectory stream (transport/stream.py); None: trajectories are not sent."""
     learner_curve: ClientKeys | None = None
@@ -125,6 +127,8 @@ class ActorConfig:
                              f"{self.skip_groups}")
         if len(self.train_seeds) != 2 or not 0 <= self.train_seeds[0] < self.train_seeds[1]:
             raise ValueError(f"train_seeds must be [low, high) with 0 <= low < high, got {self.train_seeds}")
+        if splits.meets_held_out(*self.train_seeds):
+            raise ValueError(f"train_seeds {self.train_seeds} reach the held-out seeds {dict(splits.SEEDS)}")
 
     @property
     def num_slots(self) -> int:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from actors.vision import VisionTokens
-from envs.protocol import Observation, StepResult
+from envs.protocol import Observation, StepResult, blanked
 from envs.service import EnvClient
 from envs.wire import EpisodeFailure
 from transport.images import encode_image, expand_pads
@@ -247,13 +247,14 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
                       max_turns: int, max_context: int, run_id: str = "", actor_id: int = 0,
                       episode_id: int = 0, group_id: int = 0, env_name: str = "",
                       vision: VisionTokens | None = None,
-                      record: list[dict[str, Any]] | None = None) -> EpisodeResult:
+                      record: list[dict[str, Any]] | None = None, blind: bool = False) -> EpisodeResult:
     """Play one episode on ``slot`` from ``seed``; see the module docstring for what is recorded.
 
     The episode ends when the env says done, after ``max_turns`` answers, or when the context
     would no longer fit ``max_context`` tokens (the trajectory keeps the turns played). Given
     ``record``, each turn the env answered is appended to it (``turn_record``), also when the
-    episode fails later.
+    episode fails later. ``blind``: the model sees every picture white (the env scores the
+    real ones): the floor of launch/run/baselines.py that tells whether it reads them.
     """
     t0 = time.perf_counter()
     system = await env.system_prompt(slot)
@@ -270,7 +271,7 @@ async def run_episode(generate: Generate, env: EnvClient, slot: int, seed: int, 
     gen_s = env_s = 0.0
     generated = 0
     for _ in range(max_turns):
-        ctx.add_observation(obs.text, obs.images)
+        ctx.add_observation(obs.text, blanked(obs.images) if blind else obs.images)
         room = max_context - len(ctx.token_ids) - ctx.reserve
         if room < 1:
             break

@@ -24,6 +24,7 @@ Invariants of ``step``:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 import gymnasium as gym
 import numpy as np
 
+from envs import splits
 from envs.formats import ALL_FORMATS, STRUCTURED, Parsed, format_example, format_prompt, format_reward, parse
 from envs.grid import Pos, Tile, render_rgb
 from envs.judge import make_reasoning_reward
@@ -106,8 +108,9 @@ class GridEnv(gym.Env):
     actions and the answer template once, for small models trained on demonstrations, whose
     sequences it makes about half as long; "none": no system prompt and no reminder, only the
     turn and the state, for models that learn everything from demonstrations, whose sequences
-    it makes shorter again). ``action_example`` is the actions of the system
-    prompt's example answer.
+    it makes shorter again), ``held_out`` (each seed plays a map of its split only, so no
+    evaluation map is ever a training map: envs/splits.py; off for games whose maps barely
+    vary). ``action_example`` is the actions of the system prompt's example answer.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -128,6 +131,7 @@ class GridEnv(gym.Env):
         prompt: str = "full",
         render_mode: str | None = None,
         blank_images: bool = False,
+        held_out: bool = True,
     ) -> None:
         if format not in ALL_FORMATS:
             raise ValueError(f"unknown format {format!r}; expected one of {ALL_FORMATS}")
@@ -150,6 +154,8 @@ class GridEnv(gym.Env):
             raise ValueError("blank_images blanks image observations: it needs render=image or both")
         self.blank_images = bool(blank_images)
         """Every picture white, the same size: the ablation that tells whether a model reads them."""
+        self.held_out = bool(held_out)
+        """Each seed plays a map of its split only (envs/splits.py)."""
         self.max_turns = check_int("max_turns", max_turns, 1)
         self.max_actions = check_int("max_actions_per_turn", max_actions_per_turn, 1)
         self.format_reward = float(format_reward)
@@ -194,13 +200,21 @@ class GridEnv(gym.Env):
         return f"Write <observation> and <prediction> as a dict: {{{keys}}}."
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        """The episode of ``seed`` (None: one drawn from the env's generator)."""
+        """The episode of ``seed`` (None: one drawn from the env's generator), on a map of the
+        seed's split (envs/splits.py); info: ``map`` (the map's key) and ``split`` (None with ``held_out`` off)."""
         super().reset(seed=seed)
-        if seed is None:
-            seed = int(self.np_random.integers(2**31))
-        self.game.reset(np.random.default_rng(seed))
+        split = splits.wanted(seed, self.held_out)
+        rng = np.random.default_rng(int(self.np_random.integers(2**31)) if seed is None else seed)
+        key = splits.draw(functools.partial(self._next_map, rng), split, f"{type(self.game).__name__}, seed {seed}")
         self._turn, self._done, self._started = 0, False, True
-        return self._observe(""), {}
+        return self._observe(""), {"map": key, "split": split}
+
+    def _next_map(self, rng: np.random.Generator) -> str:
+        """Draw the next episode from ``rng``; returns its map's layout text: the game's
+        ``layout()`` where it has one, else its symbol grid at the start."""
+        self.game.reset(rng)
+        own = getattr(self.game, "layout", None)
+        return own() if own is not None else self.game.text()
 
     def render(self) -> str:
         return self.game.text()

@@ -211,6 +211,13 @@ class Navigation:
         raise RuntimeError(f"no layout in 100 draws has its target {self.min_start_m:g} m away or "
                            f"more and reachable in {self.plan_limit} actions")
 
+    def layout(self) -> str:
+        """The map (envs/splits.py): the target, every object where it stands and the agent's
+        start, to the centimetre."""
+        things = "; ".join(f"{t.name} at {t.pos[0]:.2f},{t.pos[1]:.2f}" for t in self.things)
+        x, z = self.pose.origin
+        return f"go to {self.target}; {things}; start {x:.2f},{z:.2f} facing {self.pose.heading}"
+
     def instruction(self) -> str:
         return f"Navigate to the {self.target} and be as close as possible to it."
 

@@ -159,6 +159,13 @@ class PrimitiveSkill:
     def parse_action(self, text: str) -> tuple[str | None, str]:
         return parse_action(text, self.workspace)
 
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A skill drawn uniformly, each coordinate uniformly in the workspace (the random
+        baseline of launch/run/baselines.py)."""
+        name = list(ARITY)[int(rng.integers(len(ARITY)))]
+        values = [int(rng.integers(*self.workspace[axis], endpoint=True)) for axis in "xyz" * (ARITY[name] // 3)]
+        return f"{name}({','.join(map(str, values))})"
+
     def move(self, action: str) -> tuple[float, bool, bool]:
         """Execute one canonical action (``parse_action``'s); the reward comes at the end."""
         name, values = _split(action)

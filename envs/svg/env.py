@@ -7,7 +7,7 @@ Built by ``make_env`` (envs.registry's ``svg``, configs/env/svg.yaml). Targets (
 - ``shapes``: 1 to 3 random circles, rectangles and lines in a 24 x 24 view box, an unbounded
   curriculum simpler than icons;
 - ``mixed``: either, half and half.
-The seed picks the target; the same seed, the same target.
+The seed picks the target, among its split's (envs/splits.py); the same seed, the same target.
 
 A turn: the answer is parsed strictly in ``format`` (envs/formats.py); the inner text of
 ``<answer>`` is the SVG. It is checked and drawn within limits by envs/svg/render.py. Reward:
@@ -33,6 +33,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from envs import splits
 from envs.formats import format_reward, parse
 from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, blanked, observation_space
 from envs.svg.render import MAX_BYTES, Renderer
@@ -107,7 +108,8 @@ class SvgEnv(gym.Env):
                  similarity_reward: float = 5.0, weights: dict[str, float] | None = None,
                  success_threshold: float = 0.9, render_timeout_s: float = 5.0,
                  render: str = "image", reasoning_reward: Any = None,
-                 blank_images: bool = False, perceptual_model: str | None = None) -> None:
+                 blank_images: bool = False, perceptual_model: str | None = None,
+                 held_out: bool = True) -> None:
         if targets not in TARGETS:
             raise ValueError(f"targets must be one of {TARGETS}, got {targets!r}")
         if prompt not in PROMPTS:
@@ -138,6 +140,9 @@ class SvgEnv(gym.Env):
 
             self.perceptual = PerceptualSimilarity(perceptual_model)
         self.success_threshold = float(success_threshold)
+        self.held_out = bool(held_out)
+        """Each seed draws a target of its split only (envs/splits.py): no evaluation target is
+        ever a training one (with icons: held-out icons)."""
         self.renderer = Renderer(timeout_s=render_timeout_s)
         self.action_space = TEXT
         self.observation_space = observation_space(self.image_size)
@@ -150,20 +155,26 @@ class SvgEnv(gym.Env):
     # -- the gymnasium interface ----------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
+        split = splits.wanted(seed, self.held_out)
         if seed is None:
             seed = int(self.np_random.integers(2**31))
         rng = np.random.default_rng(seed)
+        key = splits.draw(functools.partial(self._next_target, rng), split, f"SVG, seed {seed}")
+        self._target, why = self.renderer.render(self.target_svg, self.image_size)
+        if self._target is None:
+            raise RuntimeError(f"the target of seed {seed} did not draw: {why}")
+        self._turn, self._done = 0, False
+        return self._observe("", None), {"map": key, "split": split}
+
+    def _next_target(self, rng: np.random.Generator) -> str:
+        """Draw the next target from ``rng``; returns its SVG code (the map of envs/splits.py)."""
         kind = self.targets if self.targets != "mixed" else ("icons", "shapes")[int(rng.integers(2))]
         if kind == "icons":
             icon = tabler_icons()[int(rng.integers(len(tabler_icons())))]
             self.target_svg, self.target_name = icon_svg(icon), icon.stem.replace("-", " ")
         else:
             self.target_svg, self.target_name = shapes_svg(rng), ""
-        self._target, why = self.renderer.render(self.target_svg, self.image_size)
-        if self._target is None:
-            raise RuntimeError(f"the target of seed {seed} did not draw: {why}")
-        self._turn, self._done = 0, False
-        return self._observe("", None), {}
+        return self.target_svg
 
     def step(self, llm_text: str) -> tuple[dict, float, bool, bool, dict]:
         if self._done:

@@ -69,6 +69,11 @@ class Topology(StrEnum):
     local = "local"
 
 
+class EvalSplit(StrEnum):
+    validation = "validation"
+    test = "test"
+
+
 @dataclass
 class ModelConfig:
     """What to train: a Hugging Face path or hub id, or the tiny model built here."""
@@ -308,9 +313,19 @@ class TrainConfig:
     eval_every: int = 20
     """Evaluation every k steps (0: only before and after)."""
     eval_seeds: int = 256
-    """Held-out seeds [eval_seed_offset, eval_seed_offset + eval_seeds)."""
-    eval_seed_offset: int = 1000000
-    """The first held-out seed."""
+    """Evaluation episodes play the first this many seeds of ``eval_split``."""
+    eval_split: EvalSplit = EvalSplit.validation
+    """validation: the maps to tune on | test: the maps to report (envs/splits.py). Either's
+    maps are held out of the warm start's demonstrations and of training (the env's
+    held_out)."""
+    baselines: bool = True
+    """Beside the first evaluation, the same seeds played by floors (launch/run/baselines.py):
+    random and constant actions (an empty drawing and one shape for SVG), and for an env
+    observed through pictures the model with every picture white; printed and logged."""
+    held_out_check: int = 1024
+    """At the start, the evaluation seeds' maps are checked against this many training seeds'
+    (the first: the warm start's first demonstrations) and the count shared is printed (0 with
+    the split) and kept in the summary; 0: no check."""
     eval_samples: int = 1
     """Each evaluation plays one greedy episode a held-out seed and this many sampled at the
     training temperature (actors.temperature): greedy and sampled success, each with its
@@ -333,9 +348,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if (min(self.batch_size, self.publish_every, self.keep_checkpoints) < 1
-                or min(self.steps, self.eval_pages, self.eval_samples) < 0):
+                or min(self.steps, self.eval_pages, self.eval_samples, self.held_out_check,
+                       self.eval_seeds) < 0):
             raise ValueError("train: batch_size, publish_every, keep_checkpoints must be >= 1; "
-                             "steps, eval_pages, eval_samples >= 0")
+                             "steps, eval_seeds, eval_pages, eval_samples, held_out_check >= 0")
 
 
 @dataclass

@@ -18,9 +18,10 @@ images (``render: image``) is demonstrated, trained on and evaluated with the pi
 / token out as the actor records its episodes (actors.vision, learner.vision). A VLM on a text
 env trains on text alone.
 
-Seeds: demonstrations are played on ``[seed_offset, seed_offset + n_seeds)``; the RL run
-evaluates on ``[train.eval_seed_offset, ...)`` = ``[1_000_000, ...)`` (configs/train.yaml), so
-keep ``seed_offset + n_seeds`` below that. The warm start is judged before and after by
+Seeds: demonstrations are played on ``[seed_offset, seed_offset + n_seeds)``, training seeds
+(envs/splits.py), so they never play a map that an evaluation plays (the validation or test
+seeds, on maps of their own split: envs/splits.py); a range that reaches a held-out split's
+seeds is refused. The warm start is judged before and after by
 ``launch.model.playback.evaluate_hf``, greedy episodes with transformers (the RL run's evaluation
 uses vLLM).
 """
@@ -38,6 +39,7 @@ import numpy as np
 
 from actors.demonstrations import MISTAKES, REASONING, make_demonstrations
 from actors.vision import VisionTokens
+from envs import splits
 from envs.grid_env import PROMPTS, RENDERS
 from envs.registry import load_config
 from launch.config.cli import add_fields
@@ -45,8 +47,6 @@ from launch.config.compose import compose
 from launch.config.schema import WarmStartConfig
 from launch.model.playback import evaluate_hf
 
-EVAL_SEED_OFFSET = 1_000_000
-"""The first held-out seed (configs/train.yaml ``train.eval_seed_offset``)."""
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json",
                    "processor_config.json")
 
@@ -73,9 +73,9 @@ def warm_start(model_path: str | Path, out_dir: str | Path, *, env_name: str,
     from learner.sft import train_sft  # torch
     from learner.vision import ImageInputs
 
-    if seed_offset + n_seeds > EVAL_SEED_OFFSET:
-        raise ValueError(f"demonstration seeds reach {seed_offset + n_seeds}, into the "
-                         f"evaluation seeds from {EVAL_SEED_OFFSET}")
+    if splits.meets_held_out(seed_offset, seed_offset + n_seeds):
+        raise ValueError(f"demonstration seeds [{seed_offset}, {seed_offset + n_seeds}) reach "
+                         f"the held-out seeds {dict(splits.SEEDS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -225,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="demonstration noise and batch order")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-seeds", type=int, default=0,
-                   help=f"greedy evaluation episodes on seeds from {EVAL_SEED_OFFSET} (0: none)")
+                   help="greedy evaluation episodes on the first validation seeds (0: none)")
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every k steps")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per answer, in evaluation")
     args = p.parse_args(argv)
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> Path:
     overrides = {"format": args.format, "prompt": args.prompt, "render": args.render,
                  "image_size": args.image_size}
     env_config = load_config(args.env) | {k: v for k, v in overrides.items() if v}
-    eval_seeds = range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_seeds)
+    eval_seeds = splits.seeds_of("validation", args.eval_seeds)
     out = warm_start(args.model, args.out, env_name=args.env, env_config=env_config,
                      n_seeds=args.seeds, seed_offset=args.seed_offset, action_noise=args.action_noise,
                      actions_per_turn=args.actions_per_turn, mistake=args.mistake,

@@ -60,7 +60,8 @@ RESUMABLE_CHANGES: tuple[str, ...] = (
     "train.steps",               # extending a run by more steps
     "train.allow_config_change",  # this check's own switch
     # where the output goes and how much of it is shown: not what is trained
-    "logger", "train.eval_pages", "train.save_samples", "run_name", "storage",
+    "logger", "train.eval_pages", "train.save_samples", "train.held_out_check", "train.baselines",
+    "run_name", "storage",
     # when the loop saves, how many saves it keeps, how long it waits: not what is trained
     "train.checkpoint_every", "train.keep_checkpoints", "train.batch_timeout_s",
     "actors.step_timeout_s", "actors.reset_timeout_s", "actors.start_timeout_s",

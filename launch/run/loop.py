@@ -10,7 +10,8 @@ The loop. ``async``: actors play episodes without pause, each within an episode 
 them ``actors.run_ahead`` batches ahead of the learner; each learner step takes the next batch
 within the staleness bound, and every ``publish_every`` steps the weights go to every actor in
 flight. ``sync``: the same components with no overlap: generate a batch, train, push, repeat
-(the baseline the async mode is measured against). Greedy evaluation on held-out seeds runs
+(the baseline the async mode is measured against). Evaluation (greedy, and sampled) on maps
+held out of training (``train.eval_split``'s seeds: envs/splits.py, checked at the start) runs
 before RL, every ``eval_every`` steps and at the end; each writes a page of its first
 ``eval_pages`` episodes, turn by turn (launch/run/pages.py). launch/run/supervisor.py keeps the
 actors going: it sets their budgets, and replaces one that crashed (between the learner's waits
@@ -35,6 +36,7 @@ not run again, and ``metrics.jsonl`` continues without the records of steps afte
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -44,13 +46,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from envs import splits
+from envs.registry import make as make_env
 from launch.config import schema
+from launch.config.builders import env_config
 from launch.config.schema import RunConfig
 from launch.model.hub import hub_access
 from launch.model.prepare import prepare_model
-from launch.run import checkpoints, evaluation
+from launch.run import baselines, checkpoints, evaluation
 from launch.run.memory import MemoryMonitor
-from launch.run.metrics import RunLogger
+from launch.run.metrics import RunLogger, baseline_figures
 from launch.run.pages import write_eval_page
 from launch.run.supervisor import Supervisor, origin
 from launch.topology.factory import make_cluster
@@ -129,6 +134,8 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     try:
         with Stop() as stop:
             learners.check_room()  # a run the cluster cannot hold fails before its warm start
+            if cfg.train.held_out_check:  # and one whose env cannot hold maps out
+                summary["held_out"] = _check_held_out(cfg)
             t0 = time.perf_counter()
             try:
                 with stop.interruptible("the warm start"):
@@ -181,6 +188,21 @@ def _resume_point(cfg: RunConfig, run_dir: Path) -> dict[str, Any] | None:
     return {**checkpoints.read_extra(latest), "path": latest}
 
 
+def _check_held_out(cfg: RunConfig) -> dict[str, Any]:
+    """envs/splits.py's ``report`` of the evaluation seeds against the first
+    ``train.held_out_check`` training seeds, in this process; printed and returned."""
+    t0 = time.perf_counter()
+    figures = splits.report(functools.partial(make_env, cfg.env_name), env_config(cfg),
+                            _eval_seeds(cfg), cfg.train.held_out_check)
+    print(f"{splits.report_text(cfg.train.eval_split, figures)} "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    return figures
+
+
+def _eval_seeds(cfg: RunConfig) -> list[int]:
+    return splits.seeds_of(cfg.train.eval_split, cfg.train.eval_seeds)
+
+
 def _log_dir(cfg: RunConfig, run_dir: Path) -> Path | None:
     """Where the processes' output goes (``logger.console=run``), or None: the console (``all``)."""
     return run_dir / "logs" if cfg.logger.console == "run" else None
@@ -208,7 +230,7 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
     learners = supervisor.learners
     t = cfg.train
     step = 0
-    seeds = list(range(t.eval_seed_offset, t.eval_seed_offset + t.eval_seeds))
+    seeds = _eval_seeds(cfg)
     evals = [r for r in logger.records if r["kind"] == "eval"]
     resumed, dropped = None, 0
     if resume is not None:
@@ -226,6 +248,8 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
         evals.append(record)
         print(f"eval before RL: {_eval_text(record)} on {len(seeds)} seeds "
               f"(+{cfg.train.eval_samples} sampled each)", flush=True)
+        if t.baselines and (floors := _baselines(cfg, run_dir, supervisor, logger, seeds, stop)):
+            print(baselines.baselines_text(floors), flush=True)
     if t.mode == "async":
         supervisor.start_runs(step, dropped=dropped)
     while step < t.steps and not stop.requested:
@@ -275,6 +299,7 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
             "eval_before_sampled": evals[0].get("sampled/success") if evals else None,
             "eval_after_sampled": evals[-1].get("sampled/success") if evals else None,
             "eval_last3_mean": sum(last) / len(last) if last else None, "interrupted": stop.requested,
+            "baselines": baseline_figures(logger.records),
             "actor_restarts": supervisor.incarnations, "actors": supervisor.actor_stats(),
             "accounting": accounting, "episodes": ledger, "resumed_from": resumed}
 
@@ -310,6 +335,26 @@ def _evaluate(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: Run
     if cfg.train.eval_pages:
         write_eval_page(run_dir, step, means, episodes, cfg.env_name)
     return record
+
+
+def _baselines(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogger,
+               seeds: list[int], stop: Stop) -> dict[str, dict[str, float]]:
+    """The floors beside the first evaluation (launch/run/baselines.py): the scripted players
+    here, and for an env observed through pictures the model blind (greedy, every picture white)
+    by the actors; each one's outcomes written to ``<run dir>/evals/baseline_<name>.jsonl``, its
+    figures logged (a ``baseline`` record) and returned by name; {} if a stop request came."""
+    try:
+        with stop.interruptible("the baselines"):
+            results = baselines.run_scripted(functools.partial(make_env, cfg.env_name), env_config(cfg), seeds)
+            if env_config(cfg).get("render", "text") != "text":
+                results["blind"] = supervisor.evaluate(seeds, blind=True)["outcomes"]
+    except Interrupted:
+        return {}
+    for name, outcomes in results.items():
+        baselines.write_outcomes(run_dir, name, outcomes)
+    figures = baselines.summarize(results)
+    logger.log("baseline", 0, {f"baseline/{name}/{k}": v for name, f in figures.items() for k, v in f.items()})
+    return figures
 
 
 def _train_step(cfg: RunConfig, supervisor: Supervisor, version: int,

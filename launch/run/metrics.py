@@ -96,6 +96,9 @@ class RunLogger:
             ax.errorbar(steps, values, yerr=[[v - x for v, x in zip(values, lo)], [x - v for v, x in zip(values, hi)]],
                         fmt="o-" if name == "greedy" else "s--", capsize=3,
                         label=f"eval success ({name}, held-out seeds, 95% interval)")
+        for i, (name, figures) in enumerate(baseline_figures(self.records).items()):
+            ax.axhline(figures["success"], ls=":", lw=1, color=f"C{3 + i}",
+                       label=f"floor: {name} (step 0, greedy)")
         ax.set_ylabel("success rate")
         if self.env_name:
             ax.set_title(self.env_name)
@@ -163,3 +166,16 @@ def _plain(v: Any) -> Any:
     if hasattr(v, "item"):
         return v.item()
     return v
+
+
+def baseline_figures(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each baseline's figures (launch/run/baselines.py) from a run's ``baseline`` record, by
+    name: ``{"random": {"success": ..., "success_lo": ..., "reward": ...}, ...}`` ({} without)."""
+    out: dict[str, dict[str, float]] = {}
+    for record in records:
+        if record["kind"] == "baseline":
+            for key, value in record.items():
+                if key.startswith("baseline/"):
+                    name, figure = key.removeprefix("baseline/").split("/", 1)
+                    out.setdefault(name, {})[figure] = value
+    return out

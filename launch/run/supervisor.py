@@ -115,13 +115,15 @@ class Supervisor:
         out["faults/env_services_down"] = float(sum(r.get("env_services_down", 0) for r in self.readings))
         return out
 
-    def evaluate(self, seeds: list[int], pages: int = 0, samples: int = 0) -> dict[str, Any]:
+    def evaluate(self, seeds: list[int], pages: int = 0, samples: int = 0,
+                 blind: bool = False) -> dict[str, Any]:
         """A greedy and ``samples`` sampled episodes on each of ``seeds`` across the actors (the
-        topology's ``evaluate``). Actors that fail during it are replaced and the evaluation
-        runs again (each episode seeded: the same episodes), within the actors' restart limit."""
+        topology's ``evaluate``; ``blind``: the model sees every picture white). Actors that
+        fail during it are replaced and the evaluation runs again (each episode seeded: the
+        same episodes), within the actors' restart limit."""
         while True:
             try:
-                return self.cluster.evaluate(seeds, pages, samples)
+                return self.cluster.evaluate(seeds, pages, samples, blind)
             except ActorsFailed as e:
                 log.warning("%s: replacing them and evaluating again", e)
                 self.faults["evaluations_rerun"] += 1

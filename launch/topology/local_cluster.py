@@ -238,9 +238,10 @@ class LocalCluster:
         raise RuntimeError(f"actor {index} failed ({type(error).__name__}: {error}); topology=local "
                            "restarts no actor: its engine shares the learner's process") from error
 
-    def evaluate(self, seeds: list[int], pages: int = 0, samples: int = 0) -> dict[str, Any]:
+    def evaluate(self, seeds: list[int], pages: int = 0, samples: int = 0,
+                 blind: bool = False) -> dict[str, Any]:
         shares = eval_shares(seeds, len(self.actors), pages)
-        return combine_evaluations([self._actor_loop.call(a.evaluate(share, record=k, samples=samples))
+        return combine_evaluations([self._actor_loop.call(a.evaluate(share, record=k, samples=samples, blind=blind))
                                     for a, (share, k) in zip(self.actors, shares)])
 
     # --- weights -------------------------------------------------------------------------------

@@ -437,13 +437,16 @@ class RayCluster:
             runtime_env={"env_vars": env_vars} if env_vars else None,
         ).remote(dataclasses.replace(self._actor_configs[index], incarnation=self.incarnations[index]))
 
-    def evaluate(self, seeds: list[int], pages: int = 0, samples: int = 0) -> dict[str, Any]:
+    def evaluate(self, seeds: list[int], pages: int = 0, samples: int = 0,
+                 blind: bool = False) -> dict[str, Any]:
         """A greedy episode and ``samples`` sampled ones on each of ``seeds``, the seeds split
         across the actors: every episode's outcome, and the greedy episodes of the first
-        ``pages`` seeds turn by turn under ``episodes`` (combine.py's ``combine_evaluations``)."""
+        ``pages`` seeds turn by turn under ``episodes`` (combine.py's ``combine_evaluations``);
+        ``blind``: the model sees every picture white."""
         shares = eval_shares(seeds, len(self.actors), pages)
-        answers = self._gather({i: a.evaluate.remote(share, record=k, samples=samples) for i, (a, (share, k))
-                                in enumerate(zip(self.actors, shares))}, "evaluate", self.cfg.ray.eval_timeout_s)
+        answers = self._gather({i: a.evaluate.remote(share, record=k, samples=samples, blind=blind)
+                                for i, (a, (share, k)) in enumerate(zip(self.actors, shares))},
+                               "evaluate", self.cfg.ray.eval_timeout_s)
         return combine_evaluations(list(_all_answered("evaluation", answers).values()))
 
     # --- weights -------------------------------------------------------------------------------

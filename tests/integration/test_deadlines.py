@@ -50,7 +50,7 @@ class _Actor:
                 "stalled_s": 100.0 if self.kind == "stalled" else 0.0,
                 "engine_dead": self.kind == "engine_dead"}
 
-    async def evaluate(self, seeds: list[int], record: int = 0, samples: int = 0) -> dict:
+    async def evaluate(self, seeds: list[int], record: int = 0, samples: int = 0, blind: bool = False) -> dict:
         await asyncio.sleep(60 if self.kind == "slow" else 0)
         return {"outcomes": [{"seed": s, "sample": -1, "failure": None, "success": 1.0} for s in seeds]}
 

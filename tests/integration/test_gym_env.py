@@ -16,7 +16,11 @@ def test_cliff_walking_trains_through_the_adapter(tmp_path, capsys):
         "actors.concurrency=8", "actors.envs_per_worker=8", "actors.max_tokens=24",
         "logger.wandb=false",
     ]), tmp_path)
-    assert "warm start off: the gym env has no solver" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warm start off: the gym env has no solver" in out
+    # one map: nothing held out, and the run says so; the floors are played all the same
+    assert summary["held_out"]["held_out"] is False and "evaluations may play training maps" in out
+    assert "floors: random" in out and {"random"} < set(summary["baselines"])
     rows = [r for r in read_records(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:

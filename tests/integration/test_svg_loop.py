@@ -1,7 +1,8 @@
 """The SVG env (envs/svg/) in the whole loop, in one process (topology=local): the tiny Qwen2-VL
 sees the target icons as images, answers, the learner trains on those image episodes. No learning
 signal is asked of it; that every part takes the env's images and rewards is, and that each
-evaluation writes its page of episodes with the images the model saw."""
+evaluation writes its page of episodes with the images the model saw, and that the floors (the
+empty drawing, one shape, the model blind) are played beside the first evaluation."""
 
 from launch.config.compose import compose
 from launch.run.loop import train
@@ -34,3 +35,10 @@ def test_the_svg_env_trains_through_the_loop_with_a_vision_language_model(tmp_pa
         assert page.count('<section class="episode') == 4  # train.eval_pages (4) of the 4 seeds
         turns = page.count('<div class="turn">')
         assert page.count('<img src="data:image/png;base64,') >= turns > 0  # the target, each turn
+    # the floors, on the same seeds; the blind one by the actors, the model seeing white pictures
+    assert set(summary["baselines"]) == {"empty", "one_shape", "blind"}
+    for name in summary["baselines"]:
+        outcomes = (tmp_path / "evals" / f"baseline_{name}.jsonl").read_text().splitlines()
+        assert len(outcomes) == 4
+    assert summary["baselines"]["empty"]["n"] == 4 and summary["baselines"]["blind"]["n"] == 4
+    assert summary["held_out"]["shared"] == 0 and summary["held_out"]["eval_seeds"] == 4

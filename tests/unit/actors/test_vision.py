@@ -109,3 +109,28 @@ def test_an_answer_with_a_vision_token_fails_the_episode(vl_path, image_env):
     assert result.trajectory is None and result.failure == "vision_token_generated"
     assert {tokenizer.convert_ids_to_tokens(i) for i in vision.special_ids} == {
         "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"}
+
+
+@pytest.mark.parametrize("blind", [False, True])
+def test_a_blind_episode_shows_the_model_white_pictures_and_the_env_scores_the_real_ones(
+        vl_path, image_env, blind):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vl_path)
+    vision = VisionTokens.from_pretrained(vl_path)
+    answer = tokenizer.encode("<think><observation>a</observation><prediction>b</prediction></think>"
+                              "<answer>Left</answer>", add_special_tokens=False)
+    seen = []
+
+    async def generate(ids, images, room):
+        seen.append([im.copy() for im in images])
+        return Generation(answer, [-0.1] * len(answer), [0] * len(answer), stopped=True)
+
+    result = asyncio.run(run_episode(generate, OneEnvClient(image_env), 0, 5, tokenizer, max_turns=2,
+                                     max_context=4096, vision=vision, blind=blind))
+    real = env_reset(image_env, 5).images[0]
+    assert result.trajectory is not None and seen
+    first = seen[0][0]
+    assert first.shape == real.shape
+    assert (first == 255).all() if blind else np.array_equal(first, real)
+    assert all((decode_image(im) == 255).all() == blind for im in result.trajectory.images)

@@ -71,7 +71,7 @@ class FakeCluster:
         hung, self.hung = self.hung, {}
         return hung
 
-    def evaluate(self, seeds, pages=0, samples=0):
+    def evaluate(self, seeds, pages=0, samples=0, blind=False):
         return self._play("evaluate", len(seeds))
 
     def rollout(self, counts):
