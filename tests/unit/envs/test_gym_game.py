@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from envs.formats import format_example
 from envs.gym_game import has_solver, make_env
 from envs.registry import check_config, make, resolve_config
 from tests.envs_api import env_reset, env_step
@@ -222,3 +223,37 @@ def test_the_envs_rewards_are_scaled_and_a_success_reward_goes_to_the_step_that_
     assert rewards == pytest.approx([0.5 - 3 * scale] * 4 + [0.5 - scale + 10])
     env.reset(seed=0)
     assert env_step(env, _answer("Right")).reward == pytest.approx(0.5 - 100 * scale)  # a fall
+
+
+def _returns(**settings) -> dict[str, float]:
+    """The episode return of each way to play CliffWalking through the layer: the walk to the
+    goal, never a well-formed answer, and well-formed turns that keep off the cliff (one move a
+    turn, or three)."""
+    env = make("gym", **resolve_config("gym", settings))
+    env.reset(seed=0)
+    plan = env.solve()
+
+    def answer(*actions: str) -> str:
+        return format_example(env.format, action_example=", ".join(actions))
+
+    answers = {"goal": [answer(*plan[i:i + 3]) for i in range(0, len(plan), 3)],
+               "silent": ["no answer"] * 5, "safe, one move a turn": [answer("Up")] * 5,
+               "safe, three moves a turn": [answer("Up", "Up", "Up")] * 5}
+    out = {}
+    for name, turns in answers.items():
+        env.reset(seed=0)
+        out[name] = sum(env_step(env, a).reward for a in turns)
+    env.close()
+    return out
+
+
+def test_under_the_default_rewards_the_goal_is_the_best_return_and_under_the_envs_own_it_is_not():
+    """configs/env/gym.yaml puts CliffWalking on VAGEN's grid scale (x 0.1, + 10 at the goal), under
+    which walking to the goal is the optimum (10 - 1.3 + 5 x 0.5 = 11.2); on the env's own scale a
+    well-formed turn costs more than it earns and not answering (0) beats the walk (-10.5)."""
+    default = _returns()
+    assert max(default, key=default.get) == "goal" and default["goal"] == pytest.approx(11.2)
+    own = _returns(reward_scale=1.0, success_reward=0)
+    assert max(own, key=own.get) == "silent" and own["goal"] == pytest.approx(-10.5)
+    plus_ten = _returns(reward_scale=1.0, success_reward=10)
+    assert max(plus_ten, key=plus_ten.get) == "silent" and plus_ten["goal"] == pytest.approx(-0.5)
