@@ -14,6 +14,9 @@ reasoning sections hold the format's example text):
 The loop adds ``blind``: the model itself with every picture white (the actors'
 ``evaluate(blind=True)``), for an env observed through pictures.
 
+``python -m launch.run.baselines <env> [key=value ...]`` prints the scripted floors of an env's
+evaluation seeds without a run (``--split``, ``--seeds``; the blind floor needs the model: a run).
+
 Outcomes have the shape of the actors' (actors/actor.py's ``outcome``), so
 launch/run/evaluation.py summarizes them with their intervals the same way; an episode whose
 env raises counts as failed (``env_error``).
@@ -21,6 +24,7 @@ env raises counts as failed (``env_error``).
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -45,7 +49,9 @@ BASELINE_SEED = 7919
 def scripted(env: Any) -> dict[str, Answer]:
     """The scripted players that fit ``env`` (see the module docstring), by name; a name
     ``constant:<action>`` is one constant action's."""
-    fmt = env.format
+    fmt = getattr(env, "format", None)
+    if fmt is None:  # an env with no answer format of envs/formats.py (ActionWords)
+        return {}
     if getattr(env, "target_svg", None) is not None:  # SVG: the answer is a drawing
         return {"empty": lambda rng: format_example(fmt, action_example=EMPTY_SVG),
                 "one_shape": lambda rng: format_example(fmt, action_example=ONE_SHAPE_SVG)}
@@ -141,3 +147,27 @@ def write_outcomes(run_dir: Path, name: str, outcomes: list[dict[str, Any]]) -> 
 def summarize(results: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
     """Each baseline's evaluation record (launch/run/evaluation.py's ``summarize``)."""
     return {name: evaluation.summarize(outcomes) for name, outcomes in results.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the scripted floors of an env's evaluation seeds (see the module docstring)."""
+    import yaml
+
+    from envs import splits
+    from envs.registry import make, resolve_config
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("env")
+    parser.add_argument("overrides", nargs="*", help="env settings as key=value (YAML values)")
+    parser.add_argument("--split", default="validation", choices=splits.HELD_OUT)
+    parser.add_argument("--seeds", type=int, default=256)
+    args = parser.parse_args(argv)
+    overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    seeds = splits.seeds_of(args.split, args.seeds)
+    results = run_scripted(lambda **c: make(args.env, **c), resolve_config(args.env, overrides), seeds)
+    print(f"{' '.join([args.env, *args.overrides])} on {len(seeds)} {args.split} seeds: "
+          f"{baselines_text(summarize(results)) if results else 'no scripted floor fits this env'}")
+
+
+if __name__ == "__main__":
+    main()

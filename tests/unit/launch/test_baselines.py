@@ -100,3 +100,11 @@ def test_baseline_figures_come_back_from_the_records():
     text = baselines.baselines_text({"random": {"success": 0.184, "success_lo": 0.14, "success_hi": 0.24,
                                                 "reward": 2.57}})
     assert text == "floors: random 0.184 [0.14, 0.24] reward 2.57"
+
+
+def test_the_command_prints_an_envs_floors(capsys):
+    baselines.main(["frozenlake", "max_turns=2", "--split", "test", "--seeds", "16"])
+    out = capsys.readouterr().out
+    assert out.startswith("frozenlake max_turns=2 on 16 test seeds: floors: random ") and "constant:" in out
+    baselines.main(["action_words", "--seeds", "4"])
+    assert "no scripted floor fits this env" in capsys.readouterr().out
