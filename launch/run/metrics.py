@@ -95,7 +95,7 @@ class RunLogger:
         for name, (steps, values, lo, hi) in eval_successes(evals).items():
             ax.errorbar(steps, values, yerr=[[v - x for v, x in zip(values, lo)], [x - v for v, x in zip(values, hi)]],
                         fmt="o-" if name == "greedy" else "s--", capsize=3,
-                        label=f"eval success ({name}, held-out seeds, 95% interval)")
+                        label=f"eval success ({name}, held-out maps, 95% interval)")
         for i, (name, figures) in enumerate(baseline_figures(self.records).items()):
             ax.axhline(figures["success"], ls=":", lw=1, color=f"C{3 + i}",
                        label=f"floor: {name} (step 0, greedy)")
