@@ -1,6 +1,7 @@
 """The default algorithm learns: the default job (VAGEN-Full on FrozenLake: critic, bi-level
 GAE, the reasoning reward, asynchronous) made small, a shorter warm start and ``LEARN_STEPS``
-RL steps, must raise greedy and sampled success on held-out maps beyond their 95% intervals,
+RL steps, must raise greedy and sampled success on validation maps (held out of the warm start
+and of training: envs/splits.py) beyond their 95% intervals,
 and the paired test on the same seeds must call both rises real
 (launch/run/evaluation.py). A learner that is broken (an advantage's sign flipped, a loss that
 does not reach the weights) fails it: docs/results.md gives the run with a planted sign error.
