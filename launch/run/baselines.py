@@ -53,8 +53,8 @@ def scripted(env: Any) -> dict[str, Answer]:
     if fmt is None:  # an env with no answer format of envs/formats.py (ActionWords)
         return {}
     if getattr(env, "target_svg", None) is not None:  # SVG: the answer is a drawing
-        return {"empty": lambda rng: format_example(fmt, action_example=EMPTY_SVG),
-                "one_shape": lambda rng: format_example(fmt, action_example=ONE_SHAPE_SVG)}
+        return {"empty": _constant(format_example(fmt, action_example=EMPTY_SVG)),
+                "one_shape": _constant(format_example(fmt, action_example=ONE_SHAPE_SVG))}
     game = getattr(env, "game", None)
     if game is None:
         return {}
@@ -73,6 +73,7 @@ def scripted(env: Any) -> dict[str, Answer]:
 
 
 def _constant(text: str) -> Answer:
+    """The player that answers ``text`` every turn."""
     return lambda rng: text
 
 

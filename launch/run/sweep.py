@@ -16,7 +16,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 COLUMNS = ("run", "overrides", "steps", "eval_before", "eval_after", "eval_last3_mean",
-           "eval_before_sampled", "eval_after_sampled", "interrupted", "status")
+           "eval_before_sampled", "eval_after_sampled", "floor", "interrupted", "status")
+"""``floor``: the highest greedy success of the run's floors (launch/run/baselines.py)."""
 
 
 def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:
@@ -31,6 +32,7 @@ def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:
         if summary.exists():
             data = json.loads(summary.read_text())
             row.update({k: data.get(k) for k in COLUMNS[2:-1]})
+            row["floor"] = max((f.get("success", 0.0) for f in (data.get("baselines") or {}).values()), default=None)
             row["status"] = "interrupted" if data.get("interrupted") else "done"
         else:
             row["status"] = "no summary (failed)"

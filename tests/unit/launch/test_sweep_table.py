@@ -4,7 +4,9 @@ from launch.run.sweep import collect
 
 
 def test_the_table_has_a_row_per_run_in_job_order_and_marks_failed_ones(tmp_path):
-    for name, summary in [("10-seed=2", {"steps": 3, "eval_after": 0.5, "eval_last3_mean": 0.25}),
+    floors = {"random": {"success": 0.16}, "constant:Right": {"success": 0.11}}
+    for name, summary in [("10-seed=2", {"steps": 3, "eval_after": 0.5, "eval_last3_mean": 0.25,
+                                         "baselines": floors}),
                           ("2-seed=1", None),
                           ("1-seed=0", {"steps": 3, "eval_after": 0.75, "eval_after_sampled": 0.5,
                                         "interrupted": True})]:
@@ -20,6 +22,7 @@ def test_the_table_has_a_row_per_run_in_job_order_and_marks_failed_ones(tmp_path
         ("2-seed=1", "seed=1 env=sokoban", "no summary (failed)"),
         ("10-seed=2", "seed=2 env=sokoban", "done")]
     assert rows[2]["eval_last3_mean"] == 0.25 and rows[0]["eval_after"] == 0.75
+    assert rows[2]["floor"] == 0.16 and rows[0]["floor"] is None  # the best floor; none played
     table = (tmp_path / "sweep.md").read_text().splitlines()
-    assert table[2] == "| 1-seed=0 | seed=0 env=sokoban | 3 |  | 0.750 |  |  | 0.500 | True | interrupted |"
+    assert table[2] == "| 1-seed=0 | seed=0 env=sokoban | 3 |  | 0.750 |  |  | 0.500 |  | True | interrupted |"
     assert (tmp_path / "sweep.csv").read_text().count("\n") == 4
