@@ -320,8 +320,10 @@ def test_an_env_without_a_solver_says_it_has_no_demonstrations(tokenizer):
 def test_a_gymnasium_game_is_demonstrated_by_searching_its_table(tokenizer):
     config = resolve_config("gym", {})  # CliffWalking: a deterministic table, no solve()
     (demo,) = make_demonstrations("gym", config, tokenizer, [0], action_noise=0.0, rng_seed=0)
-    # 13 moves (Up, 11 x Right, Down) in turns of 3: -1 a move, +0.5 format a turn
-    assert demo.metrics["success"] == 1.0 and demo.turn_rewards.tolist() == [-2.5] * 4 + [-0.5]
+    # 13 moves (Up, 11 x Right, Down) in turns of 3: -1 x 0.1 a move, +0.5 format a turn, + 10 at
+    # the goal (configs/env/gym.yaml's scale)
+    assert demo.metrics["success"] == 1.0
+    assert demo.turn_rewards.tolist() == pytest.approx([0.5 - 0.3] * 4 + [0.5 - 0.1 + 10])
     answers = tokenizer.decode(demo.token_ids[demo.loss_mask])
     assert "takes 13 moves and starts Up, Right, Right.</think><answer>Up,Right,Right</answer>" in answers
     assert "takes 1 move and starts Down.</think><answer>Down</answer>" in answers
