@@ -350,6 +350,8 @@ def _baselines(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: Ru
                 results["blind"] = supervisor.evaluate(seeds, blind=True)["outcomes"]
     except Interrupted:
         return {}
+    if not results:  # no floor fits the env (ActionWords)
+        return {}
     for name, outcomes in results.items():
         baselines.write_outcomes(run_dir, name, outcomes)
     figures = baselines.summarize(results)
