@@ -180,6 +180,14 @@ def load_config(name: str) -> dict[str, Any]:
     return config
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Command-line env settings, ``key=value`` each with a YAML value, as a dict."""
+    pairs = [item.split("=", 1) for item in items]
+    if bad := [item for item, pair in zip(items, pairs) if len(pair) != 2]:
+        raise ValueError(f"env settings are key=value, got {bad}")
+    return {key: yaml.safe_load(value) for key, value in pairs}
+
+
 def resolve_config(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Env ``name``'s keyword arguments: its YAML's under ``overrides``. An importable
     "module:callable" has no YAML: ``overrides`` alone."""

@@ -33,8 +33,6 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import yaml
-
 SPLITS = ("train", "validation", "test")
 HELD_OUT = ("validation", "test")
 SHARE = 0.1
@@ -142,7 +140,7 @@ def report_text(split: str, figures: Mapping[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m envs.splits frozenlake [key=value ...]``: the overlap with and without the split."""
-    from envs.registry import make, resolve_config
+    from envs.registry import make, parse_overrides, resolve_config
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("env")
@@ -151,8 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-seeds", type=int, default=256)
     parser.add_argument("--train-seeds", type=int, default=4096)
     args = parser.parse_args(argv)
-    overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
-    config = resolve_config(args.env, overrides)
+    config = resolve_config(args.env, parse_overrides(args.overrides))
     seeds = seeds_of(args.split, args.eval_seeds)
     for held_out in (True, False) if "held_out" in config else (True,):
         figures = report(lambda **c: make(args.env, **c), {**config, "held_out": held_out}

@@ -25,7 +25,6 @@ env raises counts as failed (``env_error``).
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -139,10 +138,7 @@ def baselines_text(figures: Mapping[str, Mapping[str, float]]) -> str:
 
 def write_outcomes(run_dir: Path, name: str, outcomes: list[dict[str, Any]]) -> Path:
     """A baseline's outcomes, ``<run dir>/evals/baseline_<name>.jsonl``, one JSON object a line."""
-    path = Path(run_dir) / "evals" / f"baseline_{name}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(o) + "\n" for o in outcomes))
-    return path
+    return evaluation.write_lines(Path(run_dir) / "evals" / f"baseline_{name}.jsonl", outcomes)
 
 
 def summarize(results: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
@@ -152,10 +148,8 @@ def summarize(results: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[str
 
 def main(argv: list[str] | None = None) -> None:
     """Print the scripted floors of an env's evaluation seeds (see the module docstring)."""
-    import yaml
-
     from envs import splits
-    from envs.registry import make, resolve_config
+    from envs.registry import make, parse_overrides, resolve_config
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("env")
@@ -163,9 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="validation", choices=splits.HELD_OUT)
     parser.add_argument("--seeds", type=int, default=256)
     args = parser.parse_args(argv)
-    overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     seeds = splits.seeds_of(args.split, args.seeds)
-    results = run_scripted(lambda **c: make(args.env, **c), resolve_config(args.env, overrides), seeds)
+    results = run_scripted(lambda **c: make(args.env, **c),
+                           resolve_config(args.env, parse_overrides(args.overrides)), seeds)
     print(f"{' '.join([args.env, *args.overrides])} on {len(seeds)} {args.split} seeds: "
           f"{baselines_text(summarize(results)) if results else 'no scripted floor fits this env'}")
 

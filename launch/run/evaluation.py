@@ -138,7 +138,11 @@ def outcomes_path(run_dir: Path, step: int) -> Path:
 
 def write_outcomes(run_dir: Path, step: int, outcomes: list[dict[str, Any]]) -> Path:
     """Every episode's outcome of the evaluation at ``step``, one JSON object a line."""
-    path = outcomes_path(run_dir, step)
+    return write_lines(outcomes_path(run_dir, step), outcomes)
+
+
+def write_lines(path: Path, outcomes: list[dict[str, Any]]) -> Path:
+    """``outcomes`` to ``path``, one JSON object a line (its directory made where missing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(o) + "\n" for o in outcomes))
     return path

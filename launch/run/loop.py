@@ -343,10 +343,11 @@ def _baselines(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: Ru
     here, and for an env observed through pictures the model blind (greedy, every picture white)
     by the actors; each one's outcomes written to ``<run dir>/evals/baseline_<name>.jsonl``, its
     figures logged (a ``baseline`` record) and returned by name; {} if a stop request came."""
+    config = env_config(cfg)
     try:
         with stop.interruptible("the baselines"):
-            results = baselines.run_scripted(functools.partial(make_env, cfg.env_name), env_config(cfg), seeds)
-            if env_config(cfg).get("render", "text") != "text":
+            results = baselines.run_scripted(functools.partial(make_env, cfg.env_name), config, seeds)
+            if config.get("render", "text") != "text":
                 results["blind"] = supervisor.evaluate(seeds, blind=True)["outcomes"]
     except Interrupted:
         return {}

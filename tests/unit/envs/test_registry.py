@@ -151,3 +151,12 @@ def test_has_solver_is_declared_for_every_env_and_agrees_with_the_built_env():
         assert has_solver(name, config) is bool(getattr(env, "has_solver", False)), name
         env.close()
     assert not has_solver("tests.unit.envs.fake_envs:CounterEnv", {})  # demonstrations: registry envs
+
+
+def test_command_line_env_settings_are_yaml_values():
+    from envs.registry import parse_overrides
+
+    assert parse_overrides(["max_turns=2", "held_out=false", "targets=shapes", "kwargs={a: 1}"]) == {
+        "max_turns": 2, "held_out": False, "targets": "shapes", "kwargs": {"a": 1}}
+    with pytest.raises(ValueError, match="key=value"):
+        parse_overrides(["max_turns"])
