@@ -36,6 +36,8 @@ ifeq ($(DEVICE),cpu)
 	@# Its torchvision is a CUDA wheel: guard the two fake kernels that break its import.
 	$(BIN)/python -m launch.tools.patch_torchvision
 endif
+	@# The real pretrained model of the tests (model=smollm2_135m): converted once into the model cache.
+	$(BIN)/python -m launch.model.packaged smollm2_135m
 	touch $(STAMP)
 
 train: install
@@ -65,6 +67,7 @@ bench: install
 	$(BIN)/python -m tests.benchmarks.bench_envs
 	$(BIN)/python -m tests.benchmarks.bench_learner --breakdown
 	$(BIN)/python -m tests.benchmarks.bench_sft
+	$(BIN)/python -m tests.benchmarks.bench_logits
 	$(BIN)/python -m tests.benchmarks.bench_loop
 	$(BIN)/python -m tests.benchmarks.bench_converge
 

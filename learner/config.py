@@ -47,6 +47,14 @@ class TrainerConfig:
     """Optimizer steps per epoch."""
     micro_batch_size: int = 0
     """Rows per forward/backward on each rank (gradients accumulate); 0: a whole mini-batch."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input for the backward and recompute the layer there (the
+    policy's and the critic's): activations of one layer at a time, for about a third more
+    compute."""
+    logit_chunk_mib: float = 256.0
+    """The most float32 logits (MiB) computed at once when scoring tokens: a micro-batch whose
+    logits take more is scored in chunks of positions that take this much, each chunk's logits
+    recomputed in the backward (learner/models.py); 0: a whole micro-batch's at once."""
     temperature: float = 1.0
     """The actors' sampling temperature: log-probs are log_softmax(logits / temperature)."""
     param_dtype: str = "float32"
@@ -104,8 +112,9 @@ class TrainerConfig:
         _one_of("param_dtype", self.param_dtype, PARAM_DTYPES)
         _check_kwargs("estimator_args", ESTIMATORS[self.estimator], self.estimator_args)
         _check_kwargs("loss_args", POLICY_LOSSES[self.loss], self.loss_args)
-        if min(self.epochs, self.num_minibatches) < 1 or self.micro_batch_size < 0:
-            raise ValueError("epochs and num_minibatches must be >= 1, micro_batch_size >= 0")
+        if min(self.epochs, self.num_minibatches) < 1 or min(self.micro_batch_size, self.logit_chunk_mib) < 0:
+            raise ValueError("epochs and num_minibatches must be >= 1, micro_batch_size and "
+                             "logit_chunk_mib >= 0")
         lr_at(1, lr=self.lr, steps=self.lr_steps, schedule=self.lr_schedule, floor=self.lr_floor)
         if self.lr_schedule != "constant" and self.lr_steps <= self.critic_warmup:
             raise ValueError(f"lr_schedule {self.lr_schedule} needs lr_steps > critic_warmup, "

@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from learner.batch import Batch, collate
+from learner.models import token_scores
 from learner.schedule import lr_at
 from learner.vision import ImageInputs
 from transport.schema import Trajectory
@@ -40,7 +40,8 @@ def sft_loss(model, batch: Batch, inputs: dict | None = None, *,
              total_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean cross-entropy on ``batch.loss_mask`` and its metrics.
 
-    ``model(input_ids, **inputs).logits`` has Shape (B, L, V); token_ids and loss_mask Shape
+    ``model(input_ids, **inputs).logits`` has Shape (B, L, V) (``learner.models.token_scores``
+    scores it in chunks of positions); token_ids and loss_mask Shape
     (B, L); ``inputs``: more keyword arguments of the forward (a VLM's image inputs,
     ``image_inputs``). ``total_tokens``: the batch is a micro-batch of a larger one with that
     many target tokens; the loss is then this part's sum divided by it, so the parts' losses
@@ -52,14 +53,14 @@ def sft_loss(model, batch: Batch, inputs: dict | None = None, *,
     ids = batch.token_ids.to(device)
     targets, mask = ids[:, 1:], batch.loss_mask[:, 1:].to(device)
     inputs = {k: v.to(device) for k, v in (inputs or {}).items()}
-    logits = model(input_ids=ids, **inputs).logits[:, :-1].float()
-    picked = logits[mask]  # (N, V): only the target positions are scored
     tokens = targets[mask]
     if tokens.numel() == 0:
         raise ValueError("the batch has no policy tokens to learn")
-    loss = F.cross_entropy(picked, tokens)
+    # scored in chunks of positions (learner/models.py): no (B, L, V) logits are held
+    scores = token_scores(model, ids, 1.0, top=True, inputs=inputs)
+    loss = -scores.logp[:, 1:][mask].mean()
     with torch.no_grad():
-        accuracy = (picked.argmax(-1) == tokens).float().mean()
+        accuracy = scores.top[:, 1:][mask].float().mean()
     metrics = {"sft/loss": float(loss.detach()), "sft/token_accuracy": float(accuracy),
                "sft/tokens": float(tokens.numel())}
     if total_tokens is not None:

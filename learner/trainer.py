@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._composable import checkpoint as checkpoint_layer
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -59,7 +60,7 @@ from learner.metrics import (
     turn_starts,
     vtrace_metrics,
 )
-from learner.models import ValueModel, lazy_full_state, load_model, token_logprobs
+from learner.models import ValueModel, chunk_positions, lazy_full_state, load_model, token_logprobs
 from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
 from learner.spans import TagSpans
 from learner.value_norm import ValueNorm
@@ -92,6 +93,8 @@ class Trainer:
         self.policy = self._shard(load_model(self._policy_class(), cfg.model_path))
         self.vocab_size = int(self.policy.get_input_embeddings().num_embeddings)
         """The policy's embedding rows: every token id it trains on is below this."""
+        self.logit_chunk = chunk_positions(self.vocab_size, cfg.logit_chunk_mib)
+        """The most positions whose logits are computed at once (0: a micro-batch's, whole)."""
         self.optim = self._adamw(self.policy, cfg.lr)
         self.entropy_coef = cfg.entropy_coef  # adapted after each step when entropy_target is set
         self.steps_done = 0  # train steps, for critic_warmup (checkpointed)
@@ -102,7 +105,8 @@ class Trainer:
             self.critic = self._shard(ValueModel(backbone, seed=cfg.seed).eval())
             self.critic_optim = self._adamw(self.critic, cfg.critic_lr)
         if cfg.kl_in_reward or cfg.kl_loss:
-            self.ref = self._shard(load_model(self._policy_class(), cfg.model_path).requires_grad_(False))
+            self.ref = self._shard(load_model(self._policy_class(), cfg.model_path).requires_grad_(False),
+                                   trains=False)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
@@ -117,12 +121,15 @@ class Trainer:
 
         return AutoModelForCausalLM if self.images is None else AutoModelForImageTextToText
 
-    def _shard(self, model: nn.Module) -> nn.Module:
-        """fully_shard each decoder layer (HF ``_no_split_modules``), then the root."""
+    def _shard(self, model: nn.Module, *, trains: bool = True) -> nn.Module:
+        """fully_shard each decoder layer (HF ``_no_split_modules``), then the root; a model that
+        ``trains`` has its layers recomputed in the backward where ``activation_checkpointing``."""
         model.to(self.device)
         layers = set(getattr(model, "_no_split_modules", None) or ())
         for module in model.modules():
             if type(module).__name__ in layers:
+                if trains and self.cfg.activation_checkpointing:
+                    checkpoint_layer(module)  # composable: names and the state dict stay as they are
                 fully_shard(module, mesh=self._mesh, mp_policy=self._mp)
         return fully_shard(model, mesh=self._mesh, mp_policy=self._mp)
 
@@ -185,7 +192,8 @@ class Trainer:
         """log pi(token i | tokens < i) at the sampling temperature, 0 at i = 0. Shape: (B, L).
 
         Collective: every rank calls it (FSDP gathers the weights)."""
-        return token_logprobs(self.policy, token_ids.to(self.device), self.cfg.temperature)[0]
+        return token_logprobs(self.policy, token_ids.to(self.device), self.cfg.temperature,
+                              chunk=self.logit_chunk)[0]
 
     @torch.no_grad()
     def _prepare(self, rows: Rows, batch: Batch, index: torch.Tensor, metrics) -> Rows:
@@ -195,12 +203,12 @@ class Trainer:
         for part in self._chunks(shape[0]):
             chunk = rows.select(part)
             ids, inputs = chunk.batch.token_ids, self._inputs(chunk)
-            n, temperature = ids.shape[1], self.cfg.temperature
-            logp_prox[part, :n] = token_logprobs(self.policy, ids, temperature, inputs=inputs)[0]
+            n, temperature, chunk = ids.shape[1], self.cfg.temperature, self.logit_chunk
+            logp_prox[part, :n] = token_logprobs(self.policy, ids, temperature, inputs=inputs, chunk=chunk)[0]
             if self.critic is not None:
                 values[part, :n] = self._values(ids, inputs)
             if self.ref is not None:
-                logp_ref[part, :n] = token_logprobs(self.ref, ids, temperature, inputs=inputs)[0]
+                logp_ref[part, :n] = token_logprobs(self.ref, ids, temperature, inputs=inputs, chunk=chunk)[0]
         rows = replace(rows, logp_prox=logp_prox, values=values, logp_ref=logp_ref)
         mask = rows.batch.loss_mask
         # How far the actors' sampling distribution is from the learner's (staleness, numerics):
@@ -318,7 +326,8 @@ class Trainer:
         cfg, b = self.cfg, rows.batch
         mask = b.loss_mask
         logp, entropy = token_logprobs(self.policy, b.token_ids, cfg.temperature, entropy=True,
-                                       entropy_grad=self.entropy_coef != 0, inputs=self._inputs(rows))
+                                       entropy_grad=self.entropy_coef != 0, inputs=self._inputs(rows),
+                                       chunk=self.logit_chunk)
         if cfg.loss == "ppo":
             loss, stats = losses.ppo_policy_loss(logp, rows.logp_prox, rows.advantages, mask, **cfg.loss_args)
         elif cfg.loss == "decoupled_ppo":

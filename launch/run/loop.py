@@ -117,7 +117,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir = _log_dir(cfg, run_dir)
-    hub_access(cfg)  # before any process starts: they inherit HF_HUB_OFFLINE
+    cfg = hub_access(cfg)  # before any process starts: they inherit HF_HUB_OFFLINE
     resume = _resume_point(cfg, run_dir)
     if resume is not None:
         dropped = checkpoints.truncate_records(run_dir, resume["step"])

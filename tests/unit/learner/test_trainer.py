@@ -6,6 +6,7 @@ and killed if they hang) and compares them with world size 1 on the same traject
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing as mp
 import socket
@@ -21,6 +22,7 @@ import yaml
 
 from launch.model.tiny_model import build_tiny_model
 from learner.config import TrainerConfig
+from learner.models import token_logprobs
 from learner.trainer import Trainer
 from transport.schema import Trajectory
 
@@ -123,6 +125,20 @@ def _padded_ids(trajectories) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+def _bytes_kept_for_backward(forward) -> int:
+    """Bytes of the tensors autograd saves for the backward of ``forward()``."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward()
+    return total
+
+
 def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in trainer.state_dict_for_publish().items()}
 
@@ -196,6 +212,30 @@ def test_micro_batches_accumulate_to_the_same_update(model_path, hf_model):
     halves = (slice(0, 4), slice(4, 8))  # one forward each, as wide as its longest row
     assert padding[0] == pytest.approx(1 - lengths.sum() / sum(4 * lengths[h].max() for h in halves))
     assert padding[1] == 0.0 and 0.0 <= padding[2] < padding[0]
+
+
+def test_activation_checkpointing_and_logit_chunks_give_the_same_update(model_path, hf_model):
+    """Layers recomputed in the backward, and logits scored a few positions at a time, change
+    what memory holds, not the update: the published weights (HF-named, the same keys) agree
+    with the plain step's."""
+    trajectories = _batch(hf_model, 6, seed=3)
+    ids = _padded_ids(trajectories)[0]
+    weights, metrics, kept = [], [], []
+    for extra in ({"logit_chunk_mib": 0}, {"activation_checkpointing": True, "logit_chunk_mib": 0.02}):
+        trainer = Trainer(_config(model_path, "vagen_full", lr=1e-3, critic_lr=1e-3,
+                                  micro_batch_size=2, **extra))
+        metrics.append(trainer.train_step(trajectories, version=0))
+        weights.append(_weights(trainer))
+        kept.append(_bytes_kept_for_backward(functools.partial(
+            token_logprobs, trainer.policy, ids, TEMPERATURE, chunk=trainer.logit_chunk)))
+    assert kept[1] < kept[0] / 3  # what autograd keeps: the layers' inputs, not their insides
+    assert weights[0].keys() == weights[1].keys()
+    for k, v in weights[1].items():
+        torch.testing.assert_close(v, weights[0][k], atol=1e-5, rtol=0, msg=k)
+    initial = hf_model.state_dict()
+    assert any(not torch.allclose(v, initial[k]) for k, v in weights[0].items())  # the step moved them
+    for key in ("loss/policy", "policy/entropy", "optim/grad_norm", "optim/critic_grad_norm"):
+        assert metrics[1][key] == pytest.approx(metrics[0][key], rel=1e-4, abs=1e-6), key
 
 
 def test_empty_minibatches_are_skipped_and_bf16_trains(model_path, hf_model):
