@@ -88,7 +88,7 @@ def token_scores(model, ids, temperature, *, entropy=False, entropy_grad=False, 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if chunk is None:
         chunk = chunk_positions(head.out_features) if isinstance(head, nn.Linear) else 0
-    if chunk and ids.shape[0] * (ids.shape[1] - 1) > chunk and _chunkable(model):
+    if chunk and ids.shape[0] * (ids.shape[1] - 1) > chunk and _chunkable(model, head):
         with scored_head(model, ids[:, 1:], temperature, chunk=chunk, entropy=entropy,
                          entropy_grad=entropy_grad, top=top):
             out = model(input_ids=ids, use_cache=False, **inputs).logits  # (B, L - 1, columns)
@@ -161,12 +161,11 @@ def _chunk_scores(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, 
     return torch.stack(columns, dim=-1)
 
 
-def _chunkable(model) -> bool:
-    """Whether the model's logits are its output layer's outputs, untouched: no final soft-capping
-    or scaling after the layer (Gemma 2's, Cohere's), which a scored head would bypass."""
+def _chunkable(model, head: nn.Module | None) -> bool:
+    """Whether the model's logits are its output layer's (``head``'s) outputs, untouched: no final
+    soft-capping or scaling after the layer (Gemma 2's, Cohere's), which a scored head would bypass."""
     config = getattr(model, "config", None)
     text = getattr(config, "text_config", None) or config
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return (isinstance(head, nn.Linear)
             and getattr(text, "final_logit_softcapping", None) is None
             and getattr(text, "logit_scale", None) in (None, 1, 1.0))

@@ -203,12 +203,14 @@ class Trainer:
         for part in self._chunks(shape[0]):
             chunk = rows.select(part)
             ids, inputs = chunk.batch.token_ids, self._inputs(chunk)
-            n, temperature, chunk = ids.shape[1], self.cfg.temperature, self.logit_chunk
-            logp_prox[part, :n] = token_logprobs(self.policy, ids, temperature, inputs=inputs, chunk=chunk)[0]
+            n, temperature = ids.shape[1], self.cfg.temperature
+            logp_prox[part, :n] = token_logprobs(self.policy, ids, temperature, inputs=inputs,
+                                                 chunk=self.logit_chunk)[0]
             if self.critic is not None:
                 values[part, :n] = self._values(ids, inputs)
             if self.ref is not None:
-                logp_ref[part, :n] = token_logprobs(self.ref, ids, temperature, inputs=inputs, chunk=chunk)[0]
+                logp_ref[part, :n] = token_logprobs(self.ref, ids, temperature, inputs=inputs,
+                                                    chunk=self.logit_chunk)[0]
         rows = replace(rows, logp_prox=logp_prox, values=values, logp_ref=logp_ref)
         mask = rows.batch.loss_mask
         # How far the actors' sampling distribution is from the learner's (staleness, numerics):
