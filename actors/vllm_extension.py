@@ -24,15 +24,22 @@ from transport.channels import WeightSink, weight_sink
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
 
-class RotaryCacheFilter(logging.Filter):
-    """Drops vLLM's "RotaryEmbedding: Failed to load weights" warning, printed at every reload:
-    the rotary embedding's cos/sin cache is computed from the model's config and is in no
-    checkpoint (Hugging Face's included), so vLLM puts the computed cache back. Harmless: after
-    every update the engine's outputs equal transformers' on the new weights
-    (tests/integration/test_vllm_weight_sync.py). Any other layer's warning still shows."""
+class ReloadWarningFilter(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" warning, printed at every reload, for the
+    layers named in ``expected``: the rotary embedding's cos/sin cache is computed from the
+    model's config and is in no checkpoint (Hugging Face's included), so vLLM puts the computed
+    cache back; a tied output layer's table arrives under the input embeddings' name
+    (``WeightSyncExtension._prepare_tied``). Harmless: after every update the engine's outputs
+    equal transformers' on the new weights (tests/integration/test_vllm_weight_sync.py,
+    tests/integration/test_smollm2_actor.py). Any other layer's warning still shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expected = {"RotaryEmbedding"}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
+        return not (record.msg == "%s: Failed to load weights" and len(record.args or ()) == 1
+                    and record.args[0] in self.expected)
 
 
 class WeightSyncExtension:
@@ -48,8 +55,11 @@ class WeightSyncExtension:
         ``self.rank``: 0..tp-1) take ``rank + self.rank``, each receiving every tensor, of
         which its weight loaders keep its shard."""
         reload_log = logging.getLogger(RELOAD_LOGGER)
-        if not any(isinstance(f, RotaryCacheFilter) for f in reload_log.filters):
-            reload_log.addFilter(RotaryCacheFilter())
+        warnings = next((f for f in reload_log.filters if isinstance(f, ReloadWarningFilter)), None)
+        if warnings is None:
+            reload_log.addFilter(warnings := ReloadWarningFilter())
+        # a tied table arrives under the first of its layers' names; the others load nothing
+        warnings.expected |= {type(m).__name__ for group in self._tied_groups() for m in group[1:]}
         self.leave_weight_group()
         self._weight_subscriber = weight_sink(address, rank=rank + getattr(self, "rank", 0),
                                               world_size=world_size, timeout_s=timeout_s)
@@ -62,9 +72,34 @@ class WeightSyncExtension:
             raise RuntimeError("join_weight_group first")
         version, named_tensors = self._weight_subscriber.receive()
         self.reload_weights(weights_iterator=self._loading(named_tensors))
+        self._prepare_tied()
         self._weights_torn = False
         heap.trim()  # what the reload freed, the received buckets included (transport/heap.py)
         return version
+
+    def _tied_groups(self) -> list[list]:
+        """The model's layers that hold one weight together (a tied output layer and its input
+        embeddings), a list per weight, in the model's order."""
+        owners: dict[int, list] = {}
+        for module in self.model_runner.get_model().modules():
+            weight = module._parameters.get("weight")
+            if weight is not None:
+                owners.setdefault(id(weight), []).append(module)
+        return [group for group in owners.values() if len(group) > 1]
+
+    def _prepare_tied(self) -> None:
+        """Prepare again, from the new weights, the kernels of the tied layers the table did not
+        arrive for (all but the first of each group). vLLM's in-place reload prepares a layer
+        only when weights arrive under its own name, and a tied output layer never gets any (the
+        table is sent once, under the input embeddings' name, and vLLM's loaders skip a tied
+        ``lm_head``): its table holds the new values, but a kernel prepared from it at load time
+        still holds the old ones. On CPU that is every linear layer's, lm_head's included (vLLM
+        packs its weight for oneDNN), so the engine would go on sampling from the first
+        version's output layer. On GPU the call changes nothing."""
+        for module in (m for group in self._tied_groups() for m in group[1:]):
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(module)
 
     def _loading(self, named_tensors):
         for item in named_tensors:

@@ -175,12 +175,22 @@ def lazy_full_state(model: nn.Module):
     """``(specs, tensors)``: the model's HF-named state as ``(name, dtype, shape)`` specs, and a
     lazy iterator of ``(name, full tensor)`` in the same order that gathers each tensor from its
     FSDP shards only when it is reached, on the model's device (a GPU learner publishes from GPU
-    memory). Collective for a sharded model: every rank reads the iterator to its end."""
+    memory). Collective for a sharded model: every rank reads the iterator to its end.
+
+    A tensor the state names twice (tied input and output embeddings: SmolLM2's 113 MB table
+    under ``model.embed_tokens.weight`` and ``lm_head.weight``) is sent once, under its first
+    name; an engine built from the same config ties the other to it (vLLM skips a tied
+    ``lm_head`` when loading anyway)."""
     from torch.distributed.tensor import DTensor
 
-    state = model.state_dict()
+    state, seen = {}, set()
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            state[name] = t
     specs = [(name, dtype_name(t.dtype, name), tuple(t.shape)) for name, t in state.items()]
 
+    @torch.no_grad()
     def gather():
         for name, t in state.items():
             yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
