@@ -56,6 +56,7 @@ from learner.metrics import (
     add_masked_mean,
     batch_metrics,
     explained_variance,
+    fresh_gap,
     global_moments,
     turn_starts,
     vtrace_metrics,
@@ -151,7 +152,7 @@ class Trainer:
             vision = self.images.encode(trajectories)
         batch, lengths, index, rows = self.rows(trajectories, vision)
         metrics = StepMetrics()
-        rows = self._prepare(rows, batch, index, metrics)
+        rows = self._prepare(rows, batch, index, metrics, version)
         t1 = time.perf_counter()
         self._update(rows, metrics)
         self.steps_done += 1
@@ -196,8 +197,9 @@ class Trainer:
                               chunk=self.logit_chunk)[0]
 
     @torch.no_grad()
-    def _prepare(self, rows: Rows, batch: Batch, index: torch.Tensor, metrics) -> Rows:
-        """Proximal and reference log-probs, values, rewards, advantages and returns."""
+    def _prepare(self, rows: Rows, batch: Batch, index: torch.Tensor, metrics, version: int) -> Rows:
+        """Proximal and reference log-probs, values, rewards, advantages and returns (the
+        learner holds ``version``)."""
         shape = rows.batch.token_ids.shape
         logp_prox, values, logp_ref = (torch.zeros(shape, device=self.device) for _ in range(3))
         for part in self._chunks(shape[0]):
@@ -220,6 +222,7 @@ class Trainer:
         answer = self.answer_spans.mask(rows.batch.token_ids, mask)
         add_masked_mean(metrics, "policy/behaviour_kl_answer", behaviour - logp_prox, answer)
         add_masked_mean(metrics, "policy/behaviour_kl_reasoning", behaviour - logp_prox, mask & ~answer)
+        fresh_gap(metrics, behaviour - logp_prox, mask & (rows.batch.policy_version == version))
         rewards = rows.batch.token_rewards
         if self.cfg.kl_in_reward:
             rewards = kl_penalty(rows.batch, logp_ref, self.cfg.kl_in_reward["coef"])

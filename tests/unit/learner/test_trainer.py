@@ -266,6 +266,24 @@ def test_published_state_dict_is_hf_named_and_reproduces_the_trainer(model_path,
     torch.testing.assert_close(trainer.policy_logprobs(ids), _hf_logprobs(fresh, ids), atol=1e-5, rtol=0)
 
 
+def test_tied_embeddings_are_published_once_and_stay_tied(tmp_path, hf_model):
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_model(tmp_path / "tied", tie_word_embeddings=True)
+    trainer = Trainer(_config(str(path), "grpo", lr=1e-3, kl_in_reward=None))
+    trainer.train_step(_batch(hf_model, 4), version=0)
+    state = trainer.state_dict_for_publish()
+    specs, lazy = trainer.weights_for_publish()
+    published = dict(lazy)
+    # The sharded policy still holds one table for both names; it is sent once, under the first.
+    assert [n for n, _, _ in specs] == [n for n in state if n != "lm_head.weight"] == list(published)
+    assert torch.equal(published["model.embed_tokens.weight"], state["lm_head.weight"])
+    fresh = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    fresh.load_state_dict(published, strict=False)  # what an engine does with the publish
+    ids, _ = _padded_ids(_batch(hf_model, 2))
+    torch.testing.assert_close(trainer.policy_logprobs(ids), _hf_logprobs(fresh, ids), atol=1e-5, rtol=0)
+
+
 def test_save_hf_writes_a_loadable_directory(model_path, hf_model, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -611,3 +629,22 @@ def test_a_step_reports_the_learners_health(model_path, hf_model):
     assert abs(metrics["policy/behaviour_kl_answer"]) < 1e-4 and abs(metrics["policy/behaviour_kl_reasoning"]) < 1e-4
     assert metrics["vtrace/rho_mean"] == pytest.approx(1.0, abs=1e-3)
     assert metrics["advantage/std"] > 0
+
+
+def test_the_fresh_gap_is_the_engines_drift_on_tokens_of_the_learners_version(model_path, hf_model):
+    """|behaviour - proximal| on staleness-0 tokens only: a planted drift on one fresh token is
+    the max, a larger one on a stale token is not counted, and with no fresh token it is absent."""
+    trajectories = _batch(hf_model, 4)
+    for t in trajectories:  # sampled by version 1, the one the learner holds
+        t.policy_version[t.loss_mask] = 1
+    fresh, stale = trajectories[0], trajectories[1]
+    fresh.behaviour_logprobs[np.flatnonzero(fresh.loss_mask)[0]] -= 0.5
+    stale.policy_version[stale.loss_mask] = 0
+    stale.behaviour_logprobs[np.flatnonzero(stale.loss_mask)[0]] -= 3.0
+    trainer = Trainer(_config(model_path, "grpo", kl_in_reward=None))
+    metrics = trainer.train_step(trajectories, version=1)
+    n_fresh = sum(int(t.loss_mask.sum()) for t in trajectories) - int(stale.loss_mask.sum())
+    assert metrics["policy/fresh_gap_max"] == pytest.approx(0.5, abs=1e-4)
+    assert metrics["policy/fresh_gap_mean"] == pytest.approx(0.5 / n_fresh, abs=1e-4)
+    later = trainer.train_step(trajectories, version=2)  # every token is stale now
+    assert "policy/fresh_gap_max" not in later and "policy/fresh_gap_mean" not in later
