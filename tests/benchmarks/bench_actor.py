@@ -17,7 +17,9 @@ releases each trajectory at once) plays ``--episodes`` training episodes per row
   over vLLM's, trial by trial (aim: 0.9), and the CPU seconds each side's processes took.
 
 The random model rarely ends an answer early, so every episode plays its 3 turns of
-``--max-tokens`` tokens: rows differ in the latency and nothing else.
+``--max-tokens`` tokens: rows differ in the latency and nothing else. ``--model PATH`` plays a
+real model instead (SmolLM2-135M-Instruct's converted directory); its answers may end early,
+and the replay generates exactly as many tokens as each answer had.
 """
 
 from __future__ import annotations
@@ -162,6 +164,8 @@ def main() -> None:
                    help="cores of the actor, its engine and env workers, as the default job binds "
                         "an actor to a core of its own (comma-separated; empty: unbound)")
     p.add_argument("--trials", type=int, default=5, help="actor-then-vLLM pairs")
+    p.add_argument("--model", help="a model directory instead of the random tiny model "
+                   "(model=smollm2_135m's: `python -m launch.model.packaged smollm2_135m` prints it)")
     p.add_argument("--json", help="also save the rows here")
     a = p.parse_args()
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -172,7 +176,7 @@ def main() -> None:
     cores = tuple(int(x) for x in a.cores.split(",") if x)
     rows, raw_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_tiny_model(Path(tmp) / "model", seed=0)
+        model = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "model", seed=0)
         for c in concurrencies:
             with actor_rig(model, c, a.max_tokens, cores) as (loop, actor, env):
                 play(loop, actor, c)  # warm-up: the engine's first batches

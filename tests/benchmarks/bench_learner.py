@@ -8,7 +8,8 @@ episodes as its warm start's demonstrations write them (configs/train.yaml: its 
 turn, mistakes; real token sequences, 1 to 3 turns, so lengths vary as in RL). The baseline is
 ``micro_batch_size`` 0: every forward as wide as the longest episode. One thread by default, as
 the default job's learner has (a core of its own). Prints a Markdown table; `--json PATH` saves
-it.
+it. ``--model PATH --episodes N``: a real model (SmolLM2-135M-Instruct's converted directory)
+and a batch of N episodes instead, tokenised by its own tokenizer.
 
 The plain baseline (``plain_step``) runs, on unwrapped Hugging Face models (no FSDP) and the
 exact micro-batch tensors the trainer cut, only the passes a step cannot do without: the
@@ -152,7 +153,8 @@ def breakdown(micro: int, step: float, plain: float, optim: float, hooks: float,
 
 
 def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None,
-        split: int | None = None) -> tuple[list[dict], list[dict]]:
+        split: int | None = None, model_path: str | None = None,
+        episodes: int = 32) -> tuple[list[dict], list[dict]]:
     import dataclasses
 
     from launch.config.compose import compose
@@ -168,9 +170,9 @@ def run(micro_sizes: list[int], repeats: int, threads: int, prompt: str | None,
     rows, parts = [], []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            model = build_tiny_model(Path(tmp) / "tiny")
+            model = Path(model_path) if model_path else build_tiny_model(Path(tmp) / "tiny")
             cfg = compose([f"env.prompt={prompt}"] if prompt else [])
-            batch = _batch(cfg, model, 32)
+            batch = _batch(cfg, model, episodes)
             algo = dataclasses.asdict(cfg.algorithm)
             del algo["reasoning_reward"]  # an env setting
             base = None
@@ -214,9 +216,13 @@ def main() -> None:
     p.add_argument("--prompt", help="the env's prompt (default: the job's)")
     p.add_argument("--breakdown", type=int, nargs="?", const=8, metavar="MICRO",
                    help="also split the step's time over the plain passes at this micro-batch size")
+    p.add_argument("--model", help="a model directory instead of the tiny model (model=smollm2_135m's: "
+                   "`python -m launch.model.packaged smollm2_135m` prints it)")
+    p.add_argument("--episodes", type=int, default=32, help="episodes in the batch")
     p.add_argument("--json")
     args = p.parse_args()
-    rows, parts = run(args.micro, args.repeats, args.threads, args.prompt, args.breakdown)
+    rows, parts = run(args.micro, args.repeats, args.threads, args.prompt, args.breakdown,
+                      args.model, args.episodes)
     report(rows, args.json)
     if parts:
         print()

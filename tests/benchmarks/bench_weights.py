@@ -11,6 +11,10 @@ of the same bytes in the same run; the publisher's bucket buffers at their peak 
 publisher); and each subscriber's peak resident memory growth while receiving (measured: its
 resident high-water mark, reset before the first publish, minus the resident set then), which
 the bucket size bounds. Prints a Markdown table; `--json PATH` saves it.
+
+With ``--model PATH`` (e.g. SmolLM2-135M-Instruct's converted directory) the rows are that
+model's state instead, as the learner publishes it (a tied embedding table once), at the
+default bucket size.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import functools
 import multiprocessing as mp
 import resource
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,6 +36,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 BUCKETS_MIB = [4, 32, 256, 0]
 SUBSCRIBERS = [1, 2]
 TENSOR_NUMEL = 1_000_000
+DEFAULT_BUCKET_MIB = 256
+"""transport.weight_bucket_mb's default: a real model's rows use it."""
 
 
 def _rss_bytes() -> int:
@@ -101,41 +108,67 @@ def _publish_to(named, bucket_mib: int, n: int, repeats: int, ctx) -> dict:
                 proc.kill()
 
 
-def run(repeats: int) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    rows = []
+def synthetic():
+    """(label, named tensors, bucket sizes) of each synthetic model: 1M-parameter tensors."""
     for numel in SIZES:
         for dtype in DTYPES:
             named = [(f"layers.{i}.weight", torch.randn(TENSOR_NUMEL).to(dtype))
                      for i in range(numel // TENSOR_NUMEL)]
-            nbytes = numel * named[0][1].element_size()
-            src, dst = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
-            t_copy = _best_of(functools.partial(dst.copy_, src), repeats * 2)
-            del src, dst
-            for bucket_mib in BUCKETS_MIB:
-                for n in SUBSCRIBERS:
-                    got = _publish_to(named, bucket_mib, n, repeats, ctx)
-                    rows.append({
-                        "params": f"{numel // 1_000_000}M", "dtype": str(dtype)[6:],
-                        "MB": round(nbytes / 1e6), "bucket_MiB": bucket_mib or "whole",
-                        "buckets": got["buckets"], "subscribers": n,
-                        "publish_ms": round(got["publish_s"] * 1e3, 1),
-                        "broadcast_GB/s": round(nbytes / got["publish_s"] / 1e9, 2),
-                        "memcpy_GB/s": round(nbytes / t_copy / 1e9, 2),
-                        "ratio": f"{t_copy / got['publish_s']:.0%}",
-                        "publisher_MB": round(got["publisher_MB"]),
-                        "subscriber_MB": round(got["subscriber_MB"]),
-                    })
-                    print(rows[-1], flush=True)
+            yield f"{numel // 1_000_000}M", named, BUCKETS_MIB
+
+
+def of_model(path: str):
+    """A real model's (label, named tensors, [the default bucket]) as the learner publishes it
+    (learner/models.py's ``lazy_full_state``: a tied table once)."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.models import lazy_full_state
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    state = model.state_dict()
+    _, tensors = lazy_full_state(model)
+    named = [(name, t.contiguous()) for name, t in tensors]
+    unsent = sum(t.nbytes for t in state.values()) - sum(t.nbytes for _, t in named)
+    print(f"{path}: {len(named)} of its {len(state)} state tensors sent; "
+          f"{unsent / 1e6:.0f} MB of tied duplicates not sent", flush=True)
+    yield f"{sum(t.numel() for _, t in named) / 1e6:.0f}M ({Path(path).name})", named, [DEFAULT_BUCKET_MIB]
+
+
+def run(repeats: int, models) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    rows = []
+    for label, named, buckets in models:
+        nbytes = sum(t.nbytes for _, t in named)
+        dtype = named[0][1].dtype
+        src, dst = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
+        t_copy = _best_of(functools.partial(dst.copy_, src), repeats * 2)
+        del src, dst
+        for bucket_mib in buckets:
+            for n in SUBSCRIBERS:
+                got = _publish_to(named, bucket_mib, n, repeats, ctx)
+                rows.append({
+                    "params": label, "dtype": str(dtype)[6:],
+                    "MB": round(nbytes / 1e6), "bucket_MiB": bucket_mib or "whole",
+                    "buckets": got["buckets"], "subscribers": n,
+                    "publish_ms": round(got["publish_s"] * 1e3, 1),
+                    "broadcast_GB/s": round(nbytes / got["publish_s"] / 1e9, 2),
+                    "memcpy_GB/s": round(nbytes / t_copy / 1e9, 2),
+                    "ratio": f"{t_copy / got['publish_s']:.0%}",
+                    "publisher_MB": round(got["publisher_MB"]),
+                    "subscriber_MB": round(got["subscriber_MB"]),
+                })
+                print(rows[-1], flush=True)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", help="a model directory (model=smollm2_135m's: `python -m "
+                        "launch.model.packaged smollm2_135m` prints it) instead of the synthetic sizes")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
-    rows = run(args.repeats)
+    rows = run(args.repeats, of_model(args.model) if args.model else synthetic())
     report(rows, args.json)
     print("\nMemory beyond the model: the publisher holds one bucket per dtype (its buffers are "
           "reused); a subscriber about two (it reuses a buffer once nothing holds it, and the "
