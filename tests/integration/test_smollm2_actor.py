@@ -11,6 +11,9 @@ real ChatML template and the real 49k-token vocabulary meet the token-in-token-o
   template and the env put: the reason the learner takes the engine's ids and not the text.
 - vLLM's and transformers' log-probs of the same sampled tokens agree within ``LOGPROB_TOL`` at
   every token (importance ratios at staleness 0 within ``RATIO_TOL`` of 1); the figures print.
+
+``slow`` (about 1.5 min): ``make test`` checks the tokens and the log-probs through the whole
+loop on this model instead (tests/integration/test_smollm2_loop.py).
 """
 
 import asyncio
@@ -25,6 +28,8 @@ from learner.models import lazy_full_state, token_logprobs
 from tests.integration.test_actor import started_actor
 from tests.unit.launch.test_configs import compose
 from transport.weights import WeightPublisher
+
+pytestmark = pytest.mark.slow
 
 EPISODES = 4
 MAX_TOKENS = 40

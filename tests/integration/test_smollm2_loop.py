@@ -1,41 +1,84 @@
 """SmolLM2-135M-Instruct (model=smollm2_135m, converted from the package index by the install)
 through the whole loop in one process (topology=local): the vLLM engine plays FrozenLake (the
-brief prompt, 2 turns, answers cut at 24 tokens) while the learner takes two steps of
-VAGEN-Full (critic, reference, bi-level GAE) over a 49k-token vocabulary and pushes its weights
-(the tied embeddings once) to the engine after each. The staleness bound is 0, so each step
-trains on tokens of the version it holds: the first before any push, the second after one.
+brief prompt, 2 turns, answers cut at 24 tokens) while the learner takes two steps of GRPO
+(policy and reference) over a 49k-token vocabulary and pushes its weights (the tied embeddings
+once) to the engine after each. The staleness bound is 0, so each step trains on tokens of the
+version it holds: the first before any push, the second after one.
 
-What it asserts is what a real model adds to the tiny one's loop tests: at both steps the
-engine's log-probs of those tokens equal the learner's within the float32 noise of this model
-(``policy/fresh_gap_max``), so the learner trains on what the engine sampled and a push reaches
-the engine whole; the run stays within its memory; the final model is the chat model's kind.
-The actor-level checks (the tokens of each turn, after an observation and after a cut answer;
-the log-probs after a push) are tests/integration/test_smollm2_actor.py's."""
+What it asserts is what a real model adds to the tiny one's loop tests, on what the learner
+actually trained on (its batches and the engine's requests are recorded in this process):
+
+- turn by turn, the tokens the learner trains on are the tokens the engine saw: each turn's
+  prompt is the trajectory up to that turn's answer and the answer is the engine's tokens, also
+  after an env observation and after an answer cut at ``actors.max_tokens`` (its end-of-turn
+  follows as an env token, not trained on);
+- at both steps the engine's log-probs of those tokens equal the learner's within the float32
+  noise of this model (``policy/fresh_gap_max``), so a push reaches the engine whole;
+- the run stays within its memory; the final model is the chat model's kind.
+
+tests/integration/test_smollm2_actor.py (``slow``) checks the actor alone against transformers
+on weights moved far from the original, and measures how many answers re-tokenise differently."""
 
 import json
 
+import pytest
+
+import actors.actor
 from launch.config.compose import compose
 from launch.run.loop import train
 from launch.run.metrics import read_records
+from learner.trainer import Trainer
 
+MAX_TOKENS = 24
 REAL = [
-    "model=smollm2_135m", "topology=local", "learner.ranks=1", "train.steps=2",
-    "train.batch_size=4", "actors.group_size=2", "actors.concurrency=4", "actors.max_tokens=24",
-    "actors.envs_per_worker=4", "env.prompt=brief", "env.max_turns=2",
+    "model=smollm2_135m", "topology=local", "algorithm=grpo", "learner.ranks=1", "train.steps=2",
+    "train.batch_size=4", "actors.group_size=2", "actors.concurrency=4",
+    f"actors.max_tokens={MAX_TOKENS}", "actors.envs_per_worker=4", "env.prompt=brief",
+    "env.max_turns=2",
     # Every step trains on the tokens of the version it holds, so the second step checks the
     # engine's log-probs after the first push.
-    "learner.max_staleness=0", "learner.critic_warmup=0",
-    "warm_start.enabled=false", "train.eval_every=0", "train.eval_seeds=2", "train.baselines=false",
-    "train.held_out_check=0", "logger.wandb=false",
+    "learner.max_staleness=0", "warm_start.enabled=false", "train.eval_every=0",
+    "train.eval_seeds=1", "train.baselines=false", "train.held_out_check=0", "logger.wandb=false",
 ]
 FRESH_GAP_TOL = 1e-3
 """Most |engine - learner| log-prob of a staleness-0 token: float32 kernels on both sides."""
 PEAK_GIB = 12.0
-"""The run's processes together: the engine and its KV cache, the policy, the critic and the
-reference with AdamW's state, activations bounded by the logit chunks."""
+"""The run's processes together: the engine and its KV cache, the policy and the reference with
+AdamW's state, activations bounded by the logit chunks."""
 
 
-def test_two_asynchronous_steps_of_the_real_model(tmp_path):
+@pytest.fixture
+def recorded(monkeypatch):
+    """(the engine's requests as (prompt ids, answer ids, finish reason), the learner's
+    batches as (version, trajectories)), recorded as the run goes."""
+    requests, batches = [], []
+    build_engine, train_step = actors.actor.build_engine, Trainer.train_step
+
+    def recording_engine(cfg, vision):
+        engine = build_engine(cfg, vision)
+        generate = engine.generate
+
+        async def recording(prompt, params, request_id):
+            final = None
+            async for output in generate(prompt, params, request_id):
+                final = output
+                yield output
+            out = final.outputs[0]
+            requests.append((list(final.prompt_token_ids), list(out.token_ids), out.finish_reason))
+
+        engine.generate = recording
+        return engine
+
+    def recording_step(self, trajectories, version):
+        batches.append((version, list(trajectories)))
+        return train_step(self, trajectories, version)
+
+    monkeypatch.setattr(actors.actor, "build_engine", recording_engine)
+    monkeypatch.setattr(Trainer, "train_step", recording_step)
+    return requests, batches
+
+
+def test_two_asynchronous_steps_of_the_real_model(tmp_path, recorded):
     summary = train(compose(REAL), tmp_path)
     rows = [r for r in read_records(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2]
@@ -48,5 +91,36 @@ def test_two_asynchronous_steps_of_the_real_model(tmp_path):
     assert summary["memory"]["memory/peak_total_gib"] < PEAK_GIB
     config = json.loads((tmp_path / "final-model" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"]
+
+    requests, batches = recorded
+    assert [v for v, _ in batches] == [0, 1] and all(len(b) == 4 for _, b in batches)
+    turns, cut_then_observed = _check_turns([t for _, b in batches for t in b], requests)
+    assert cut_then_observed > 0, "no trained answer was cut and then followed by an observation"
     print(f"\nfresh gap max per step {gaps}; peak {summary['memory']['memory/peak_total_gib']:.1f} GiB; "
-          f"step times {[round(r['timing/step_s'], 1) for r in rows]} s")
+          f"step times {[round(r['timing/step_s'], 1) for r in rows]} s; {turns} turns trained, "
+          f"{cut_then_observed} cut answers followed by another turn")
+
+
+def _check_turns(trajectories, requests) -> tuple[int, int]:
+    """Every turn of ``trajectories`` is an engine request: its prompt the trajectory up to the
+    turn, its answer the turn's policy tokens; a cut answer's end-of-turn follows as an env
+    token. Returns (turns, cut answers followed by another turn)."""
+    import numpy as np
+
+    by_prompt: dict[tuple, list] = {}
+    for prompt, answer, finish in requests:
+        by_prompt.setdefault(tuple(prompt), []).append((answer, finish))
+    turns = cut_then_observed = 0
+    for traj in trajectories:
+        ids, mask = traj.token_ids.tolist(), traj.loss_mask
+        starts = np.flatnonzero(np.diff(mask.astype(np.int8), prepend=0) == 1)
+        ends = np.flatnonzero(traj.turn_end) + 1
+        assert len(starts) == len(ends)
+        for k, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
+            finishes = [f for a, f in by_prompt.get(tuple(ids[:start]), []) if a == ids[start:end]]
+            assert finishes, f"turn {k}: no engine request had this prompt and this answer"
+            turns += 1
+            if finishes[0] == "length":  # its end-of-turn is the env's, not trained on
+                assert end - start == MAX_TOKENS and not mask[end]
+                cut_then_observed += k + 1 < len(starts)
+    return turns, cut_then_observed

@@ -541,7 +541,7 @@ def test_advantages_are_whitened_per_turn_for_turn_wise_gae_else_per_token(model
     lengths = torch.tensor([len(t.token_ids) for t in trajectories])
     index = trainer._my_rows(len(trajectories))
     rows = take_rows(batch, lengths, index, trainer.pad_id, trainer.device, None)
-    adv = trainer._prepare(rows, batch, index, StepMetrics()).advantages
+    adv = trainer._prepare(rows, batch, index, StepMetrics(), 0).advantages
     mask = rows.batch.loss_mask
     ends = turn_ends(mask, rows.batch.turn_end)
     for over, whitened in ((ends, algorithm == "turn_ppo"), (mask, algorithm != "turn_ppo")):
