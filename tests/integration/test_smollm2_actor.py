@@ -25,6 +25,7 @@ import torch
 
 from launch.model import packaged
 from learner.models import lazy_full_state, token_logprobs
+from tests.engine_requests import check_turns, record_requests, turn_spans
 from tests.integration.test_actor import started_actor
 from tests.unit.launch.test_configs import compose
 from transport.weights import WeightPublisher
@@ -76,15 +77,7 @@ def played(smollm2, models):
     publisher = WeightPublisher(world_size=2, timeout_s=60)
     try:
         with started_actor(config) as (loop, actor, collector):
-            generate = actor.engine.generate
-
-            async def recording(prompt, params, request_id):
-                final = None
-                async for output in generate(prompt, params, request_id):
-                    final = output
-                    yield output
-                out = final.outputs[0]
-                requests.append((list(final.prompt_token_ids), list(out.token_ids), out.finish_reason))
+            record_requests(actor.engine, requests)
 
             async def scenario():
                 before = await actor.run(num_episodes=EPISODES)
@@ -97,7 +90,6 @@ def played(smollm2, models):
                 pushing.join(60)
                 return before, await actor.run(num_episodes=EPISODES)
 
-            actor.engine.generate = recording
             before, after = loop.run_until_complete(asyncio.wait_for(scenario(), 600))
             trajectories = collector.wait_for(2 * EPISODES)
     finally:
@@ -110,38 +102,14 @@ def played(smollm2, models):
     return trajectories, requests
 
 
-def _turn_spans(traj) -> list[tuple[int, int]]:
-    """[start, end) of each answer's tokens in the trajectory."""
-    mask = traj.loss_mask.astype(np.int8)
-    starts = np.flatnonzero(np.diff(mask, prepend=0) == 1)
-    ends = np.flatnonzero(traj.turn_end) + 1
-    assert len(starts) == len(ends)
-    return list(zip(starts.tolist(), ends.tolist()))
-
-
 def test_each_turn_trains_on_the_tokens_the_engine_saw(smollm2, played):
     from transformers import AutoTokenizer
 
     trajectories, requests = played
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    by_prompt = {}
-    for prompt, answer, finish in requests:
-        by_prompt.setdefault(tuple(prompt), []).append((answer, finish))
-    turns = cut = cut_then_observed = 0
-    for traj in trajectories:
-        ids = traj.token_ids.tolist()
-        for k, (start, end) in enumerate(spans := _turn_spans(traj)):
-            finishes = [f for a, f in by_prompt.get(tuple(ids[:start]), []) if a == ids[start:end]]
-            assert finishes, f"turn {k}: no engine request had this prompt and this answer"
-            turns += 1
-            if finishes[0] == "stop":
-                assert ids[end - 1] == end_of_turn
-            else:  # cut at max_tokens: the end-of-turn follows as an env token, not trained on
-                assert finishes[0] == "length" and end - start == MAX_TOKENS
-                assert ids[end] == end_of_turn and not traj.loss_mask[end]
-                cut += 1
-                cut_then_observed += k + 1 < len(spans)
+    turns, cut, cut_then_observed = check_turns(trajectories, requests, max_tokens=MAX_TOKENS,
+                                                end_of_turn=end_of_turn)
     print(f"\n{turns} turns, {cut} answers cut at {MAX_TOKENS} tokens, {cut_then_observed} of them "
           f"followed by another turn")
     assert turns == len(requests), "every request of the engine is a turn of a trajectory"
@@ -157,7 +125,7 @@ def test_tokenising_the_text_again_differs_only_inside_answers(smollm2, played):
     for traj in trajectories:
         ids = traj.token_ids.tolist()
         pieces, at = [], 0
-        for start, end in _turn_spans(traj):
+        for start, end in turn_spans(traj):
             pieces += [(ids[at:start], False), (ids[start:end], True)]
             at = end
         pieces.append((ids[at:], False))
@@ -168,7 +136,7 @@ def test_tokenising_the_text_again_differs_only_inside_answers(smollm2, played):
             resplit += answer and again != piece
         # Piece by piece is the whole: special tokens bound every piece.
         assert tokenizer.decode(ids) == "".join(tokenizer.decode(p) for p, _ in pieces)
-    print(f"\n{resplit} of {sum(len(_turn_spans(t)) for t in trajectories)} answers re-tokenise "
+    print(f"\n{resplit} of {sum(len(turn_spans(t)) for t in trajectories)} answers re-tokenise "
           f"differently from how they were sampled")
 
 

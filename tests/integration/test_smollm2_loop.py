@@ -28,6 +28,7 @@ from launch.config.compose import compose
 from launch.run.loop import train
 from launch.run.metrics import read_records
 from learner.trainer import Trainer
+from tests.engine_requests import check_turns, record_requests
 
 MAX_TOKENS = 24
 REAL = [
@@ -56,17 +57,7 @@ def recorded(monkeypatch):
 
     def recording_engine(cfg, vision):
         engine = build_engine(cfg, vision)
-        generate = engine.generate
-
-        async def recording(prompt, params, request_id):
-            final = None
-            async for output in generate(prompt, params, request_id):
-                final = output
-                yield output
-            out = final.outputs[0]
-            requests.append((list(final.prompt_token_ids), list(out.token_ids), out.finish_reason))
-
-        engine.generate = recording
+        record_requests(engine, requests)
         return engine
 
     def recording_step(self, trajectories, version):
@@ -79,6 +70,8 @@ def recorded(monkeypatch):
 
 
 def test_two_asynchronous_steps_of_the_real_model(tmp_path, recorded):
+    from transformers import AutoTokenizer
+
     summary = train(compose(REAL), tmp_path)
     rows = [r for r in read_records(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2]
@@ -94,33 +87,11 @@ def test_two_asynchronous_steps_of_the_real_model(tmp_path, recorded):
 
     requests, batches = recorded
     assert [v for v, _ in batches] == [0, 1] and all(len(b) == 4 for _, b in batches)
-    turns, cut_then_observed = _check_turns([t for _, b in batches for t in b], requests)
+    end_of_turn = AutoTokenizer.from_pretrained(tmp_path / "final-model").eos_token_id  # <|im_end|>
+    turns, _, cut_then_observed = check_turns([t for _, b in batches for t in b], requests,
+                                              max_tokens=MAX_TOKENS, end_of_turn=end_of_turn)
     assert cut_then_observed > 0, "no trained answer was cut and then followed by an observation"
     print(f"\nfresh gap max per step {gaps}; peak {summary['memory']['memory/peak_total_gib']:.1f} GiB; "
           f"step times {[round(r['timing/step_s'], 1) for r in rows]} s; {turns} turns trained, "
           f"{cut_then_observed} cut answers followed by another turn")
 
-
-def _check_turns(trajectories, requests) -> tuple[int, int]:
-    """Every turn of ``trajectories`` is an engine request: its prompt the trajectory up to the
-    turn, its answer the turn's policy tokens; a cut answer's end-of-turn follows as an env
-    token. Returns (turns, cut answers followed by another turn)."""
-    import numpy as np
-
-    by_prompt: dict[tuple, list] = {}
-    for prompt, answer, finish in requests:
-        by_prompt.setdefault(tuple(prompt), []).append((answer, finish))
-    turns = cut_then_observed = 0
-    for traj in trajectories:
-        ids, mask = traj.token_ids.tolist(), traj.loss_mask
-        starts = np.flatnonzero(np.diff(mask.astype(np.int8), prepend=0) == 1)
-        ends = np.flatnonzero(traj.turn_end) + 1
-        assert len(starts) == len(ends)
-        for k, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
-            finishes = [f for a, f in by_prompt.get(tuple(ids[:start]), []) if a == ids[start:end]]
-            assert finishes, f"turn {k}: no engine request had this prompt and this answer"
-            turns += 1
-            if finishes[0] == "length":  # its end-of-turn is the env's, not trained on
-                assert end - start == MAX_TOKENS and not mask[end]
-                cut_then_observed += k + 1 < len(starts)
-    return turns, cut_then_observed
