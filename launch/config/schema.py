@@ -410,6 +410,13 @@ class WarmStartConfig:
     """Rows per forward, longest first (0: the whole batch)."""
     workers: int = 1
     """Processes building the demonstrations (each with its own envs): more for a simulator."""
+    threads: Optional[int] = None
+    """Torch threads of the fine-tuning; null: every core of the node it runs on. Fewer beside
+    another job: threads that share a busy core wait for each other at every operation."""
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"warm_start.threads must be >= 1 or null, got {self.threads}")
 
 
 @dataclass

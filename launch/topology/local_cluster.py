@@ -98,11 +98,12 @@ class LocalCluster:
         return True
 
     def warm_start(self, model_path: str, out: Path) -> str:
-        """SFT on demonstrations (launch/model/warm_start.py), here, on every core."""
+        """SFT on demonstrations (launch/model/warm_start.py), here, with ``warm_start.threads``
+        torch threads (null: every core)."""
         import torch
 
         threads = torch.get_num_threads()
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(self.cfg.warm_start.threads or os.cpu_count() or 1)
         try:
             return str(warm_start(model_path, str(out), **warm_start_config(self.cfg)))
         finally:
