@@ -108,8 +108,8 @@ class RayCluster:
     def warm_start(self, model_path: str, out: Path) -> str:
         """SFT on demonstrations (launch/model/warm_start.py) in a Ray task that takes a whole node on
         CPU (nothing else runs yet), with ``warm_start.threads`` torch threads (null: the node's
-        CPUs); its worker exits after it and gives its memory back. The wait polls, so a stop
-        request (launch/run/loop.py's ``Stop``) ends it at once; the task is then cancelled."""
+        CPUs); its worker exits after it and gives its memory back. A stop request
+        (launch/run/loop.py's ``Stop``) ends the wait at once and cancels the task."""
         cfg = self.cfg
         cpus = cfg.learner.cpus if cfg.learner.gpus else max(
             n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"])
@@ -117,9 +117,9 @@ class RayCluster:
         task = ray.remote(num_cpus=cpus, num_gpus=cfg.learner.gpus, max_calls=1)(_warm_start_task)
         ref = task.remote(threads, model_path, str(out), **warm_start_config(cfg))
         try:
-            while not ray.wait([ref], timeout=1.0)[0]:
-                pass  # Python runs signal handlers between the polls (not inside ray.get)
-            return str(ray.get(ref))
+            # A Python wait, not ray.get: a signal handler that raises inside Ray's wait is lost
+            # (ray.get goes on waiting) or turns into a SystemError; here it propagates.
+            return str(ref.future().result())
         except BaseException:
             ray.cancel(ref, force=True)
             raise

@@ -4,12 +4,15 @@ On a real local Ray cluster: a call past its deadline is a ``CallTimeout`` namin
 actor whose event loop is blocked, whose engine is dead or whose engine stalled is found by
 ``hung_actors`` without the driver waiting; a learner rank stuck in a call is reported with
 what it is doing and its threads' stacks, asked on its own concurrency group while the call
-hangs (a real ``LearnerWorker`` on the tiny model, waiting for a batch no actor sends)."""
+hangs (a real ``LearnerWorker`` on the tiny model, waiting for a batch no actor sends); a stop
+request ends the wait for the warm start's task at once and cancels the task."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
 import time
 
 import pytest
@@ -20,6 +23,7 @@ from actors.weight_updates import EngineDead
 from launch.config.builders import worker_config
 from launch.config.compose import compose
 from launch.model.tiny_model import build_tiny_model
+from launch.run.loop import Interrupted, Stop
 from launch.topology.placement import Slot
 from launch.topology.protocol import ActorsFailed, CallTimeout, LearnerHung
 from launch.topology.ray_cluster import RayCluster, WeightGroup, is_dead, learner_actor_class
@@ -225,3 +229,27 @@ def test_an_actor_that_dies_joining_the_weight_group_at_start_is_replaced_and_th
     finally:
         for a in [*cluster.actors, learner]:
             ray.kill(a)
+
+
+@pytest.mark.timeout(180)
+def test_a_stop_request_ends_the_warm_start_at_once_and_cancels_its_task(local_ray, tmp_path):
+    """Ctrl-C during a warm start that would fine-tune for hours: the driver's wait ends within
+    a poll (``ray.get`` alone would hold it until the task ends), and the task is cancelled, its
+    CPUs back in the cluster."""
+    model = build_tiny_model(tmp_path / "model", seed=0)
+    cluster = _cluster("warm_start.seeds=64", "warm_start.steps=1000000", "warm_start.threads=1")
+    cpus = ray.cluster_resources()["CPU"]
+    timer = threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    with Stop() as stop:
+        timer.start()
+        try:
+            with pytest.raises(Interrupted, match="the warm start"), stop.interruptible("the warm start"):
+                cluster.warm_start(str(model), tmp_path / "out")
+        finally:
+            timer.cancel()
+    assert time.monotonic() - t0 < 20
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ray.available_resources().get("CPU", 0) == cpus
