@@ -20,6 +20,7 @@ placement slot, and it joins the weight group only through ``reform_weights``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -117,9 +118,8 @@ class RayCluster:
         task = ray.remote(num_cpus=cpus, num_gpus=cfg.learner.gpus, max_calls=1)(_warm_start_task)
         ref = task.remote(threads, model_path, str(out), **warm_start_config(cfg))
         try:
-            # A Python wait, not ray.get: a signal handler that raises inside Ray's wait is lost
-            # (ray.get goes on waiting) or turns into a SystemError; here it propagates.
-            return str(ref.future().result())
+            _wait([ref], None)
+            return str(ray.get(ref))
         except BaseException:
             ray.cancel(ref, force=True)
             raise
@@ -395,8 +395,7 @@ class RayCluster:
         deadline = time.monotonic() + timeout_s
         pending = list(refs.values())
         while pending and (left := deadline - time.monotonic()) > 0:
-            _, pending = ray.wait(pending, num_returns=len(pending),
-                                  timeout=min(left, WATCH_S) if watch_learners else left)
+            pending = _wait(pending, min(left, WATCH_S) if watch_learners else left)
             if pending and watch_learners:
                 self._learners([w.liveness.options(concurrency_group="liveness").remote() for w in self.learners],
                                "liveness", self.cfg.ray.call_timeout_s)
@@ -552,6 +551,17 @@ def stream_keys(cfg: RunConfig, networked: bool):
     if t.curve_keys:
         return security.read_server(t.curve_keys), security.read_client(t.curve_keys)
     return security.generate()
+
+
+def _wait(refs: list, timeout_s: float | None) -> list:
+    """Those of ``refs`` still pending after at most ``timeout_s`` (None: until all are done).
+    A Python wait on their futures, not Ray's: a stop request (launch/run/loop.py's ``Stop``)
+    raises from its signal handler wherever the main thread is, and propagates from here,
+    where inside ``ray.wait`` Ray turns it into a SystemError and inside ``ray.get`` it is lost
+    until the call ends."""
+    futures = [ref.future() for ref in refs]
+    concurrent.futures.wait(futures, timeout=timeout_s)
+    return [ref for ref, future in zip(refs, futures) if not future.done()]
 
 
 def _warm_start_task(threads: int, *args, **kwargs) -> Path:

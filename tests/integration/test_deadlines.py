@@ -5,7 +5,8 @@ actor whose event loop is blocked, whose engine is dead or whose engine stalled 
 ``hung_actors`` without the driver waiting; a learner rank stuck in a call is reported with
 what it is doing and its threads' stacks, asked on its own concurrency group while the call
 hangs (a real ``LearnerWorker`` on the tiny model, waiting for a batch no actor sends); a stop
-request ends the wait for the warm start's task at once and cancels the task."""
+request ends an evaluation at once, and the wait for the warm start's task, whose task it
+cancels."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from actors.weight_updates import EngineDead
 from launch.config.builders import worker_config
 from launch.config.compose import compose
 from launch.model.tiny_model import build_tiny_model
-from launch.run.loop import Interrupted, Stop
 from launch.topology.placement import Slot
 from launch.topology.protocol import ActorsFailed, CallTimeout, LearnerHung
 from launch.topology.ray_cluster import RayCluster, WeightGroup, is_dead, learner_actor_class
@@ -102,6 +102,25 @@ def test_an_evaluation_past_its_deadline_fails_only_the_slow_actor(local_ray):
         assert set(info.value.errors) == {1}
         assert isinstance(info.value.errors[1], CallTimeout) and "evaluate" in str(info.value.errors[1])
     finally:
+        for a in cluster.actors:
+            ray.kill(a)
+
+
+def test_a_stop_request_ends_an_evaluation_at_once(local_ray):
+    from launch.run.loop import Interrupted, Stop  # here: the actors import this module
+
+    cluster = _cluster("ray.eval_timeout_s=60")
+    cluster.actors = [ray.remote(_Actor).remote(k) for k in ("fine", "slow")]
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        t0 = time.monotonic()
+        with Stop() as stop:
+            timer.start()
+            with pytest.raises(Interrupted, match="the evaluation"), stop.interruptible("the evaluation"):
+                cluster.evaluate(list(range(8)))
+        assert time.monotonic() - t0 < 10
+    finally:
+        timer.cancel()
         for a in cluster.actors:
             ray.kill(a)
 
@@ -236,6 +255,8 @@ def test_a_stop_request_ends_the_warm_start_at_once_and_cancels_its_task(local_r
     """Ctrl-C during a warm start that would fine-tune for hours: the driver's wait ends within
     a poll (``ray.get`` alone would hold it until the task ends), and the task is cancelled, its
     CPUs back in the cluster."""
+    from launch.run.loop import Interrupted, Stop
+
     model = build_tiny_model(tmp_path / "model", seed=0)
     cluster = _cluster("warm_start.seeds=64", "warm_start.steps=1000000", "warm_start.threads=1")
     cpus = ray.cluster_resources()["CPU"]
