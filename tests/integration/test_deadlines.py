@@ -260,7 +260,7 @@ def test_a_stop_request_ends_the_warm_start_at_once_and_cancels_its_task(local_r
     model = build_tiny_model(tmp_path / "model", seed=0)
     cluster = _cluster("warm_start.seeds=64", "warm_start.steps=1000000", "warm_start.threads=1")
     cpus = ray.cluster_resources()["CPU"]
-    timer = threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGINT))
     t0 = time.monotonic()
     with Stop() as stop:
         timer.start()
