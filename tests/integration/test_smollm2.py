@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
+from launch.config.compose import compose
 from launch.model import packaged
 from launch.model.hub import hub_access
-from tests.unit.launch.test_configs import compose
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
+from launch.config.compose import compose
 from launch.model import packaged
 from learner.models import lazy_full_state, token_logprobs
 from tests.engine_requests import check_turns, record_requests, turn_spans
 from tests.integration.test_actor import started_actor
-from tests.unit.launch.test_configs import compose
 from transport.weights import WeightPublisher
 
 pytestmark = pytest.mark.slow

@@ -102,8 +102,8 @@ def test_the_cache_root_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_a_hub_id_out_of_reach_goes_on_from_its_package(fakes, monkeypatch, tmp_path):
+    from launch.config.compose import compose
     from launch.model.hub import hub_access
-    from tests.unit.launch.test_configs import compose
 
     monkeypatch.setenv("VAGEN_MODEL_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no hub on a test machine
