@@ -21,7 +21,7 @@ def test_default_is_the_tiny_async_frozenlake_run():
     assert cfg.env["reasoning_reward"]["judge"] == "rule"
 
 
-@pytest.mark.parametrize("name", [p.stem for p in sorted((CONFIGS / "experiment").glob("*.yaml"))])
+@pytest.mark.parametrize("name", [p.stem for p in sorted((CONFIGS / "experiment").glob("*_3b.yaml"))])
 def test_experiment_presets_carry_vagen_hyper_parameters(name):
     cfg = compose([f"experiment={name}"])
     assert cfg.model.path == "Qwen/Qwen2.5-VL-3B-Instruct"
@@ -31,6 +31,15 @@ def test_experiment_presets_carry_vagen_hyper_parameters(name):
     assert cfg.train.steps == 300 and cfg.train.eval_every == 20
     assert cfg.algorithm.loss_args["clip_low"] == 0.2 and cfg.algorithm.value_clip == 0.5
     assert cfg.env["render"] in ("image", "both") and cfg.env_name in name  # both: VAGEN's PrimitiveSkill
+
+
+def test_the_real_model_preset_warm_starts_on_fresh_demonstrations_then_runs_grpo():
+    cfg = compose(["experiment=smollm2_frozenlake"])
+    assert cfg.model.path == "HuggingFaceTB/SmolLM2-135M-Instruct" and cfg.model.package
+    assert cfg.algorithm.estimator == "grpo" and cfg.algorithm.kl_in_reward is None
+    assert cfg.warm_start.enabled and cfg.warm_start.seeds == cfg.warm_start.steps * cfg.warm_start.batch_size
+    assert (cfg.env["format"], cfg.env["prompt"], cfg.env_name) == ("no_think", "none", "frozenlake")
+    assert cfg.train.batch_size % cfg.actors.group_size == 0
 
 
 def test_trainer_config_takes_the_algorithm_and_learner_groups():
