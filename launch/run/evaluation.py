@@ -26,6 +26,7 @@ import itertools
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +98,16 @@ def sign_flip(diffs: list[float], rounds: int = 20000, seed: int = 0) -> float:
     return float(np.mean(np.abs(signs @ d) >= observed))
 
 
-def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def compare(a: list[dict[str, Any]], b: list[dict[str, Any]],
+            score: Callable[[dict[str, Any]], float] | None = None) -> dict[str, dict[str, Any]]:
     """Evaluation ``b`` against ``a`` (their outcomes), paired on what they share: per mode
-    (``greedy``, ``sampled``) the seeds paired, both success rates, the difference (b - a) with
-    a 95% interval (normal, over per-seed differences), the p-value, and whether it is real."""
+    (``greedy``, ``sampled``) the seeds paired, both rates, the difference (b - a) with a 95%
+    interval (normal, over per-seed differences), the p-value, and whether it is real. The rate
+    is of success, or of ``score`` (an outcome -> 0 or 1, e.g. whether every answer was
+    well-formed) where given; a failed episode scores 0 either way."""
     out = {}
     for mode, greedy in (("greedy", True), ("sampled", False)):
-        per_seed = [_per_seed(x, greedy) for x in (a, b)]
+        per_seed = [_per_seed(x, greedy, score) for x in (a, b)]
         seeds = sorted(set(per_seed[0]) & set(per_seed[1]))
         if not seeds:
             continue
@@ -122,13 +126,15 @@ def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, dict[
     return out
 
 
-def _per_seed(outcomes: list[dict[str, Any]], greedy: bool) -> dict[int, float]:
-    """Success per seed (a failed episode counts 0): the greedy episode's, or the mean of the
-    sampled ones."""
+def _per_seed(outcomes: list[dict[str, Any]], greedy: bool,
+              score: Callable[[dict[str, Any]], float] | None = None) -> dict[int, float]:
+    """Success (or ``score``) per seed, a failed episode counting 0: the greedy episode's, or
+    the mean of the sampled ones."""
     by_seed: dict[int, list[float]] = defaultdict(list)
     for o in outcomes:
         if (o["sample"] < 0) == greedy:
-            by_seed[o["seed"]].append(0.0 if o["failure"] is not None else float(o["success"]))
+            value = float(o["success"]) if score is None else float(score(o))
+            by_seed[o["seed"]].append(0.0 if o["failure"] is not None else value)
     return {s: float(np.mean(v)) for s, v in by_seed.items()}
 
 

@@ -4,19 +4,20 @@ package index by the install) on FrozenLake by text with the recipe of
 through the whole asynchronous loop (vLLM actor, env workers, learner, weight pushes).
 On held-out maps (envs/splits.py) the share of episodes whose every answer earned the format
 reward (well-formed, and every action a move) must rise beyond its 95% interval, greedy and
-sampled, and the paired sign-flip test on the same seeds must call each rise real
-(launch/run/evaluation.py). What the recipe teaches in its 20 steps is the format; success
-stays below the floor of random moves (docs/smollm2.md), so no rise of success is asserted.
+sampled, and the paired test on the same seeds (launch/run/evaluation.py's ``compare``:
+McNemar's for greedy, sign-flip for sampled) must call each rise real. What the recipe teaches
+in its 20 steps is the format; success stays below the floor of random moves (docs/smollm2.md),
+so no rise of success is asserted.
 
 Slow (35 minutes on a 2-core machine): docs/smollm2.md gives the run, its curve and the
 model's answers before and after."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 
-import numpy as np
 import pytest
 
 from launch.config.compose import compose
@@ -45,21 +46,16 @@ def test_grpo_raises_the_real_models_format_rate_beyond_the_noise(tmp_path):
 
 
 def check_format_rises(run_dir, format_reward: float, last_step: int) -> None:
-    """The run's first evaluation (step 0) against its last (``last_step``), on the seeds both
-    played: the well-formed share beyond its interval and the paired test, greedy and sampled."""
+    """The run's first evaluation (step 0) against its last (``last_step``), paired on the seeds
+    both played (``evaluation.compare``): the well-formed share beyond its interval and the
+    paired test real, greedy and sampled."""
     steps = evaluation.eval_steps(run_dir)
     assert steps[0] == 0 and steps[-1] == last_step, steps
     first, last = (evaluation.read_outcomes(run_dir, steps[i]) for i in (0, -1))
-    for greedy in (True, False):
-        by_seed: list[dict[int, list[bool]]] = [{}, {}]
-        for table, outcomes in zip(by_seed, (first, last)):
-            for o in outcomes:
-                if (o["sample"] < 0) == greedy:
-                    table.setdefault(o["seed"], []).append(well_formed(o, format_reward))
-        seeds = sorted(by_seed[0].keys() & by_seed[1].keys())
-        n = sum(len(by_seed[0][s]) for s in seeds)
-        counts = [sum(sum(table[s]) for s in seeds) for table in by_seed]
-        (_, hi_before), (lo_after, _) = (evaluation.wilson(c, n) for c in counts)
-        assert lo_after > hi_before, (greedy, counts, n)
-        diffs = [np.mean(by_seed[1][s]) - np.mean(by_seed[0][s]) for s in seeds]
-        assert evaluation.sign_flip(diffs) < evaluation.ALPHA, (greedy, counts, n)
+    result = evaluation.compare(first, last, score=functools.partial(well_formed, format_reward=format_reward))
+    assert set(result) == {"greedy", "sampled"}, result
+    for mode, r in result.items():
+        n = sum((o["sample"] < 0) == (mode == "greedy") for o in first)  # the same seeds and samples
+        (_, hi_before), (lo_after, _) = (evaluation.wilson(rate * n, n) for rate in (r["a"], r["b"]))
+        assert lo_after > hi_before, (mode, r, n)
+        assert r["real"] and r["diff"] > 0, (mode, r)

@@ -94,6 +94,17 @@ def test_compare_pairs_on_shared_seeds_and_tells_a_real_difference_from_noise():
     assert ev.compare(before, worse)["greedy"]["diff"] == pytest.approx(-1 / 200)
 
 
+def test_compare_pairs_any_per_episode_score_and_fails_a_failed_episode():
+    ok = lambda o: float(o["reward_format"] >= 1.0)  # noqa: E731
+    before = [_o(s, success=1.0, reward_format=float(s < 10)) for s in range(40)]
+    after = [_o(s, success=0.0, reward_format=float(s < 30)) for s in range(40)]
+    after[0]["failure"] = "env_timeout"  # scores 0 whatever its fields say
+    got = ev.compare(before, after, score=ok)["greedy"]
+    assert (got["a"], got["b"]) == (10 / 40, 29 / 40)
+    assert got["p"] == pytest.approx(ev.mcnemar(1, 20)) and got["real"]
+    assert ev.compare(before, after)["greedy"]["b"] == 0.0  # success by default
+
+
 def test_the_compare_command_reads_a_runs_evaluations(tmp_path, capsys):
     ev.write_outcomes(tmp_path, 0, [_o(s, success=0.0) for s in range(30)])
     ev.write_outcomes(tmp_path, 20, [_o(s, success=float(s < 20)) for s in range(30)])
