@@ -53,7 +53,7 @@ from actors.engine import build_engine, cpu_thread_binding, sampling_params
 from actors.episode import REWARD_PARTS, EpisodeResult, Generate, Generation, run_episode
 from actors.groups import GroupHolder, GroupStream
 from actors.vision import VisionTokens, vllm_prompt
-from actors.weight_updates import WeightUpdates
+from actors.weight_updates import AdapterUpdates, WeightUpdates
 from envs.failover import FailoverEnvClient
 from envs.pool import EnvPool
 from envs.registry import resolve_config
@@ -167,7 +167,8 @@ class InferenceActor:
                 self._start_engine()
             self._weights = WeightUpdates(
                 self.engine, actor_id=cfg.actor_id, version=cfg.initial_version,
-                vision=self.vision is not None, counts=self.counts, times=self.times)
+                vision=self.vision is not None, counts=self.counts, times=self.times,
+                adapters=AdapterUpdates(cfg.lora_keep, cfg.lora_probe_tolerance) if cfg.lora_rank else None)
             await self.engine.update_weight_version(str(self.version))
             if pool is not None:
                 self._pool = await pool
@@ -235,6 +236,8 @@ class InferenceActor:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None  # vLLM's __del__ shuts down again: let it run now, not at exit
+        if self._weights is not None:
+            self._weights.close()
         if self._pool is not None:
             self._pool.close()
 
@@ -367,16 +370,20 @@ class InferenceActor:
             request_id, final = f"actor{self.cfg.actor_id}-{next(self._request_ids)}", None
             self._busy(+1)
             try:
-                async for output in self.engine.generate(vllm_prompt(ids, images, self.vision),
-                                                         params, request_id):
-                    final = output  # the stream's last output holds the whole answer
-                    self._progress_at = time.perf_counter()
+                async with self._weights.serving() as (version, lora):
+                    extra = {"lora_request": lora} if lora is not None else {}
+                    async for output in self.engine.generate(vllm_prompt(ids, images, self.vision),
+                                                             params, request_id, **extra):
+                        final = output  # the stream's last output holds the whole answer
+                        self._progress_at = time.perf_counter()
             finally:
                 self._busy(-1)
             if images and list(final.prompt_token_ids) != ids:
                 raise RuntimeError("vLLM expanded the images into other tokens than the context's")
             self.counts["tokens_generated"] += len(final.outputs[0].token_ids)
-            return Generation.from_vllm(final.outputs[0], self.version, logprobs)
+            # an adapter's request keeps its adapter to the end: its version, not the engine's spans
+            return Generation.from_vllm(final.outputs[0], version, logprobs,
+                                        spans=self._weights.adapters is None)
 
         return generate
 

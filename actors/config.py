@@ -90,6 +90,16 @@ class ActorConfig:
     keys open the env service at ``env_address`` (served with ``--curve DIR``)."""
     initial_version: int = 0
     """The weight version of ``model_path``."""
+    lora_rank: int = 0
+    """> 0: the learner trains LoRA adapters of this rank and publishes each version as an
+    adapter, which the engine (built with LoRA) serves beside the base weights
+    (actors/weight_updates.py); 0: full-weight updates."""
+    lora_keep: int = 2
+    """Adapters kept registered: the learner's staleness bound + 1, so an answer started under
+    a version finishes under it."""
+    lora_probe_tolerance: float = 1e-3
+    """After every adapter update, the engine's log-probs of the learner's probe must equal the
+    learner's within this (nats, per token); a larger difference fails the update."""
     cores: tuple[int, ...] = ()
     """CPU cores this actor's process, engine and env workers run on (the placement's); () for
     wherever the operating system puts them."""
@@ -127,6 +137,9 @@ class ActorConfig:
                              f"{self.skip_groups}")
         if len(self.train_seeds) != 2 or not 0 <= self.train_seeds[0] < self.train_seeds[1]:
             raise ValueError(f"train_seeds must be [low, high) with 0 <= low < high, got {self.train_seeds}")
+        if self.lora_rank < 0 or self.lora_keep < 1 or not self.lora_probe_tolerance > 0:
+            raise ValueError(f"lora_rank must be >= 0, lora_keep >= 1, lora_probe_tolerance > 0; got "
+                             f"{self.lora_rank}, {self.lora_keep}, {self.lora_probe_tolerance}")
         if splits.meets_held_out(*self.train_seeds):
             raise ValueError(f"train_seeds {self.train_seeds} reach the held-out seeds {dict(splits.SEEDS)}")
 

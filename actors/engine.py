@@ -10,6 +10,8 @@ importing this module stays cheap.
 
 from __future__ import annotations
 
+import typing
+
 from actors.config import ActorConfig
 from actors.vision import engine_image_args
 
@@ -32,12 +34,22 @@ def build_engine(cfg: ActorConfig, vision: bool):
     # "CPU Generator does not use offset"), and every answer here is seeded.
     whole = ({"enable_chunked_prefill": False, "max_num_batched_tokens": max(cfg.max_context, MIN_BATCHED_TOKENS)}
              if current_platform.is_cpu() else {})
+    lora = {}
+    if cfg.lora_rank:  # adapters of up to this rank; as many in one batch as versions kept
+        from vllm.config.lora import MaxLoRARanks
+
+        rank = min((r for r in typing.get_args(MaxLoRARanks) if r >= cfg.lora_rank), default=None)
+        if rank is None:
+            raise ValueError(f"LoRA rank {cfg.lora_rank} exceeds the engine's largest, "
+                             f"{max(typing.get_args(MaxLoRARanks))}")
+        lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": cfg.lora_keep,
+                "max_cpu_loras": 2 * cfg.lora_keep + 2}
     args = AsyncEngineArgs(
         model=cfg.model_path, dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
         kv_cache_memory_bytes=cfg.kv_cache_bytes, max_model_len=cfg.max_context,
         max_num_seqs=cfg.num_slots, logprobs_mode="processed_logprobs",
         tensor_parallel_size=cfg.tensor_parallel,
-        worker_extension_cls=EXTENSION, disable_log_stats=True, **whole, **images)
+        worker_extension_cls=EXTENSION, disable_log_stats=True, **whole, **images, **lora)
     if cfg.engine == "in_process":
         if cfg.tensor_parallel != 1:
             raise ValueError("an in-process engine has one worker: tensor_parallel must be 1")

@@ -64,14 +64,15 @@ class Generation:
     """True when the model ended its turn itself (end-of-turn token or stop string)."""
 
     @classmethod
-    def from_vllm(cls, out, version: int, logprobs: bool = True) -> "Generation":
+    def from_vllm(cls, out, version: int, logprobs: bool = True, spans: bool = True) -> "Generation":
         """From a vLLM ``CompletionOutput``: the sampled token's log-prob at each position (0.0
         without ``logprobs``), versions from its ``weight_versions`` spans (``version`` where it
-        has none: only an engine that never had a version set reports none)."""
+        has none: only an engine that never had a version set reports none; every token's,
+        without ``spans``: an answer sampled with one adapter throughout)."""
         ids = list(out.token_ids)
         lps = [out.logprobs[i][t].logprob for i, t in enumerate(ids)] if logprobs else [0.0] * len(ids)
         versions = [version] * len(ids)
-        for span in out.weight_versions or ():
+        for span in (out.weight_versions or ()) if spans else ():
             versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
         return cls(ids, lps, versions, stopped=out.finish_reason == "stop")
 

@@ -51,14 +51,15 @@ class InProcessEngine:
         built.result()
 
     # --- AsyncLLM's interface -----------------------------------------------------------------
-    async def generate(self, prompt, params, request_id: str) -> AsyncIterator[Any]:
-        """The request's outputs, the last one ``finished`` (what vLLM's ``step`` returns)."""
+    async def generate(self, prompt, params, request_id: str, lora_request=None) -> AsyncIterator[Any]:
+        """The request's outputs, the last one ``finished`` (what vLLM's ``step`` returns);
+        ``lora_request``: the adapter it is sampled with (None: the base weights)."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (loop, outputs)
         finished = False
         try:
-            await self._call(lambda engine: self._add(engine, request_id, prompt, params))
+            await self._call(lambda engine: self._add(engine, request_id, prompt, params, lora_request))
             while not finished:
                 out = await outputs.get()
                 if isinstance(out, BaseException):
@@ -117,14 +118,14 @@ class InProcessEngine:
         self._thread.join()
 
     # --- the engine thread --------------------------------------------------------------------
-    def _add(self, engine, request_id: str, prompt, params) -> None:
+    def _add(self, engine, request_id: str, prompt, params, lora_request) -> None:
         from vllm.sampling_params import RequestOutputKind
 
         params = params.clone()
         params.output_kind = RequestOutputKind.FINAL_ONLY  # one output a request: the actor's need
 
         def add(e) -> None:
-            e.add_request(request_id, prompt, params)
+            e.add_request(request_id, prompt, params, lora_request=lora_request)
 
         if self._holding:
             self._held.append(add)

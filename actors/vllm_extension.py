@@ -7,18 +7,25 @@ cheap: the broadcast lands bucket by bucket in flat buffers there and ``reload_w
 views of each bucket as it arrives, with no tensor ever crossing the engine's RPC (only the
 group's address and the version do).
 
+With LoRA the learner publishes an adapter instead (transport/adapters.py): ``receive_adapter``
+writes it as a PEFT directory and registers it with the worker's LoRA manager under the
+version's id; ``drop_adapter`` unregisters it. The base weights never change then.
+
 Invariants: one subscriber per worker, ranks given by the actor (1..world_size-1; the learner's
 rank 0 is the source); every wait is bounded by the group's timeout, never by a timeout on
 ``collective_rpc`` (that leaves the worker blocked in the receive and kills the engine
 later). After ``receive_weights`` the caller resets the prefix cache (and the encoder
-cache for VLMs, actors/vision.py): KV computed with the old weights must not be reused.
+cache for VLMs, actors/vision.py): KV computed with the old weights must not be reused. An
+adapter needs no reset: each version has a name of its own, which keys its prefix cache.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+from pathlib import Path
 
-from transport import heap
+from transport import adapters, heap
 from transport.channels import WeightSink, weight_sink
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
@@ -77,6 +84,36 @@ class WeightSyncExtension:
         heap.trim()  # what the reload freed, the received buckets included (transport/heap.py)
         return version
 
+    def receive_adapter(self, root: str) -> dict:
+        """Block until the next broadcast, an adapter publish (transport/adapters.py); write it
+        under ``root`` (``root/v<version>``, whole or not at all) and register it as LoRA id
+        ``version``. Returns the version, the directory, the probe the publish carried, and the
+        LoRA ids the worker holds now. A publish that is not an adapter's raises (nothing is
+        registered: the engine serves what it served)."""
+        from vllm.lora.request import LoRARequest
+
+        if self._weight_subscriber is None:
+            raise RuntimeError("join_weight_group first")
+        version, named_tensors = self._weight_subscriber.receive()
+        if version < 1:
+            raise ValueError(f"adapter version {version}: version 0 is the base model")
+        publish = adapters.split(named_tensors)  # read to the end: the group stays in step
+        path = adapters.write_adapter(Path(root) / f"v{version}", publish.config, publish.tensors)
+        self._register(LoRARequest(adapter_name(version), version, str(path), load_inplace=True))
+        heap.trim()
+        return {"version": version, "path": str(path), "probe_ids": publish.probe_ids,
+                "probe_logprobs": publish.probe_logprobs, "held": sorted(self.list_loras())}
+
+    def _register(self, request) -> None:
+        """Load the adapter of ``request`` into the worker's LoRA manager (in place of one of
+        the same id: a version pushed again)."""
+        self.add_lora(request)
+
+    def drop_adapter(self, version: int, path: str) -> None:
+        """Unregister adapter ``version`` and delete its directory."""
+        self.remove_lora(version)
+        shutil.rmtree(path, ignore_errors=True)
+
     def _tied_groups(self) -> list[list]:
         """The model's layers that hold one weight together (a tied output layer and its input
         embeddings), a list per weight, in the model's order."""
@@ -115,3 +152,9 @@ class WeightSyncExtension:
         if self._weight_subscriber is not None:
             self._weight_subscriber.close()
             self._weight_subscriber = None
+
+
+def adapter_name(version: int) -> str:
+    """The engine's name of the adapter of ``version``: a name per version keeps their prefix
+    caches apart."""
+    return f"policy-v{version}"

@@ -17,27 +17,35 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 
-def save_trainables(trainables: list, path) -> None:
-    """``(name, model, optimizer)`` triples, sharded under ``path``. Collective."""
-    dcp.save(_trainables_state(trainables), checkpoint_id=str(path))
+def save_trainables(trainables: list, path, *, frozen: bool = True) -> None:
+    """``(name, model, optimizer)`` triples, sharded under ``path``; ``frozen`` False leaves out
+    the weights that do not train (with LoRA: everything but the adapters and the critic's
+    head, which the model path holds). Collective."""
+    dcp.save(_trainables_state(trainables, frozen), checkpoint_id=str(path))
 
 
-def load_trainables(trainables: list, path) -> None:
+def load_trainables(trainables: list, path, *, frozen: bool = True) -> None:
     """Restore what ``save_trainables`` wrote into the same triples. Collective."""
-    state = _trainables_state(trainables)
+    state = _trainables_state(trainables, frozen)
     dcp.load(state, checkpoint_id=str(path))
+    options = _options(frozen)
     for name, model, optim in trainables:
-        set_state_dict(model, optim, model_state_dict=state[name], optim_state_dict=state[f"{name}_optim"])
+        set_state_dict(model, optim, model_state_dict=state[name], optim_state_dict=state[f"{name}_optim"],
+                       options=options)
 
 
-def _trainables_state(trainables: list) -> dict:
+def _options(frozen: bool) -> StateDictOptions:
+    return StateDictOptions(ignore_frozen_params=not frozen, strict=frozen)
+
+
+def _trainables_state(trainables: list, frozen: bool) -> dict:
     state = {}
     for name, model, optim in trainables:
-        state[name], state[f"{name}_optim"] = get_state_dict(model, optim)
+        state[name], state[f"{name}_optim"] = get_state_dict(model, optim, options=_options(frozen))
     return state
 
 
@@ -98,7 +106,13 @@ def save_hf(state: dict[str, torch.Tensor], rank: int, policy_class, hf_config, 
             model = policy_class.from_config(hf_config, dtype=torch.float32)
         model.load_state_dict(state, assign=True)
         model.save_pretrained(out)
-        for f in Path(model_path).iterdir():
-            if f.is_file() and f.name != "config.json" and not f.name.endswith(_WEIGHT_FILES):
-                shutil.copy2(f, out / f.name)
+        copy_model_files(model_path, out)
     dist.barrier()
+
+
+def copy_model_files(model_path: str | Path, out: str | Path) -> None:
+    """The tokenizer and the other files of ``model_path`` that are neither weights nor its
+    config, copied into ``out``."""
+    for f in Path(model_path).iterdir():
+        if f.is_file() and f.name != "config.json" and not f.name.endswith(_WEIGHT_FILES):
+            shutil.copy2(f, Path(out) / f.name)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from learner import advantages, losses, spans
+from learner.lora import LoraSpec
 from learner.schedule import lr_at
 
 ESTIMATORS = {"masked_gae": advantages.masked_gae, "bi_level_gae": advantages.bi_level_gae,
@@ -105,6 +106,10 @@ class TrainerConfig:
     """{kind: k1 | k3 | mse, coef: c[, tags: [name, ...]]}: c * KL(pi || pi_ref) added to the
     policy loss; with ``tags``, only the policy tokens inside those sections of the answers
     (e.g. [observation]: from <observation> to </observation>) count, the others as 0."""
+    lora: dict | None = None
+    """learner/lora.py's ``LoraSpec`` keys ({rank, alpha, dropout, target_modules, merge, ...}):
+    the policy (and the critic's backbone) train LoRA adapters only, the reference policy is
+    the policy with its adapters off; None: every weight trains."""
 
     def __post_init__(self) -> None:
         _one_of("estimator", self.estimator, ESTIMATORS)
@@ -129,6 +134,8 @@ class TrainerConfig:
             if kl is not None and ({"kind", "coef"} - set(kl) or set(kl) - keys
                                    or kl["kind"] not in kinds):
                 raise ValueError(f"{name} must be {{kind: one of {kinds}, coef: float}}, got {kl}")
+        if self.lora is not None:
+            LoraSpec.from_dict(self.lora)
         if self.kl_loss is not None and "tags" in self.kl_loss:
             try:
                 spans.check_tags(self.kl_loss["tags"])
@@ -153,6 +160,10 @@ class TrainerConfig:
         if unknown:
             raise ValueError(f"unknown TrainerConfig keys: {unknown}")
         return cls(**d)
+
+    @property
+    def lora_spec(self) -> LoraSpec | None:
+        return None if self.lora is None else LoraSpec.from_dict(self.lora)
 
     @property
     def agg(self) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -171,28 +173,51 @@ def _chunkable(model, head: nn.Module | None) -> bool:
             and getattr(text, "logit_scale", None) in (None, 1, 1.0))
 
 
-def lazy_full_state(model: nn.Module):
-    """``(specs, tensors)``: the model's HF-named state as ``(name, dtype, shape)`` specs, and a
-    lazy iterator of ``(name, full tensor)`` in the same order that gathers each tensor from its
-    FSDP shards only when it is reached, on the model's device (a GPU learner publishes from GPU
-    memory). Collective for a sharded model: every rank reads the iterator to its end.
+@dataclass
+class Entry:
+    """One tensor of a weight publish: its name, dtype and shape, and how to read it in full."""
 
-    A tensor the state names twice (tied input and output embeddings: SmolLM2's 113 MB table
-    under ``model.embed_tokens.weight`` and ``lm_head.weight``) is sent once, under its first
-    name; an engine built from the same config ties the other to it (vLLM skips a tied
-    ``lm_head`` when loading anyway)."""
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    read: Callable[[], torch.Tensor] = field(repr=False)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole, detached: gathered from its FSDP shards (a collective) where it is sharded."""
     from torch.distributed.tensor import DTensor
 
-    state, seen = {}, set()
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+
+
+def state_entries(model: nn.Module) -> list[Entry]:
+    """The model's HF-named state as publish entries, in order. A tensor the state names twice
+    (tied input and output embeddings: SmolLM2's 113 MB table under ``model.embed_tokens.weight``
+    and ``lm_head.weight``) comes once, under its first name; an engine built from the same
+    config ties the other to it (vLLM skips a tied ``lm_head`` when loading anyway)."""
+    entries, seen = [], set()
     for name, t in model.state_dict(keep_vars=True).items():
         if id(t) not in seen:
             seen.add(id(t))
-            state[name] = t
-    specs = [(name, dtype_name(t.dtype, name), tuple(t.shape)) for name, t in state.items()]
+            entries.append(Entry(name, t.dtype, tuple(t.shape), lambda t=t: full(t)))
+    return entries
+
+
+def lazy_publish(entries: list[Entry]):
+    """``(specs, tensors)``: the entries as ``(name, dtype, shape)`` specs, and a lazy iterator
+    of ``(name, full tensor)`` in the same order that reads each tensor only when it is reached
+    (a sharded one gathered then, on the model's device: a GPU learner publishes from GPU
+    memory). Collective for a sharded model: every rank reads the iterator to its end."""
+    specs = [(e.name, dtype_name(e.dtype, e.name), e.shape) for e in entries]
 
     @torch.no_grad()
-    def gather():
-        for name, t in state.items():
-            yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+    def read():
+        for e in entries:
+            yield e.name, e.read()
 
-    return specs, gather()
+    return specs, read()
+
+
+def lazy_full_state(model: nn.Module):
+    """``lazy_publish`` of the model's whole state (``state_entries``)."""
+    return lazy_publish(state_entries(model))

@@ -22,7 +22,13 @@ Invariants:
   so the first token of a row is never a policy token;
 - a vision-language policy (its config has a ``vision_config``) gets every forward's image
   inputs from its rows' images (learner/vision.py), the same for policy, critic and reference;
-- dropout stays off (eval mode): before the first optimizer step, pi == pi_prox exactly;
+- dropout stays off (eval mode): before the first optimizer step, pi == pi_prox exactly (LoRA's
+  adapter dropout, where set, is on in the training passes only);
+- with ``lora`` (learner/lora.py) the policy and the critic's backbone carry adapters injected
+  before sharding and only they (and the critic's head) train; no reference model is loaded:
+  the reference is the policy with its adapters off; a publish is the adapter and its probe
+  (transport/adapters.py), checkpoints hold the adapters and their optimizer states only, and
+  the final model is a PEFT adapter directory;
 - advantages are whitened over the policy tokens of the whole batch (sums all-reduced), those
   of turn_wise_gae over the batch's turn ends (one entry per turn, as VAGEN); returns =
   advantages + values, taken before whitening;
@@ -36,6 +42,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,7 +55,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from learner import advantages, checkpoint, losses
+from learner import advantages, checkpoint, lora, losses
 from learner.batch import Batch, collate, kl_penalty
 from learner.config import ESTIMATORS, PARAM_DTYPES, TrainerConfig
 from learner.metrics import (
@@ -61,11 +68,20 @@ from learner.metrics import (
     turn_starts,
     vtrace_metrics,
 )
-from learner.models import ValueModel, chunk_positions, lazy_full_state, load_model, token_logprobs
+from learner.models import (
+    Entry,
+    ValueModel,
+    chunk_positions,
+    lazy_publish,
+    load_model,
+    state_entries,
+    token_logprobs,
+)
 from learner.rows import Rows, count_units, longest_first, split_rows, take_rows
 from learner.spans import TagSpans
 from learner.value_norm import ValueNorm
 from learner.vision import ImageInputs, is_vision_config
+from transport import adapters
 from transport.schema import Trajectory
 
 SECTION_METRICS = frozenset({"policy/entropy_answer", "policy/entropy_reasoning",
@@ -91,7 +107,9 @@ class Trainer:
         self.pad_id = 0 if pad is None else int(pad)
         # A vision-language model: its image processor turns trajectories' images into inputs.
         self.images = ImageInputs(cfg.model_path) if is_vision_config(self.hf_config) else None
-        self.policy = self._shard(load_model(self._policy_class(), cfg.model_path))
+        self.lora = cfg.lora_spec
+        """LoRA: the policy and the critic's backbone train adapters only (learner/lora.py)."""
+        self.policy = self._shard(self._adapted(load_model(self._policy_class(), cfg.model_path)))
         self.vocab_size = int(self.policy.get_input_embeddings().num_embeddings)
         """The policy's embedding rows: every token id it trains on is below this."""
         self.logit_chunk = chunk_positions(self.vocab_size, cfg.logit_chunk_mib)
@@ -102,10 +120,10 @@ class Trainer:
         self.value_norm = ValueNorm() if cfg.value_norm else None
         self.critic = self.critic_optim = self.ref = None
         if cfg.has_critic:
-            backbone = load_model(AutoModel, cfg.critic_path or cfg.model_path)
+            backbone = self._adapted(load_model(AutoModel, cfg.critic_path or cfg.model_path))
             self.critic = self._shard(ValueModel(backbone, seed=cfg.seed).eval())
             self.critic_optim = self._adamw(self.critic, cfg.critic_lr)
-        if cfg.kl_in_reward or cfg.kl_loss:
+        if self.needs_ref and self.lora is None:  # with LoRA: the policy with its adapters off
             self.ref = self._shard(load_model(self._policy_class(), cfg.model_path).requires_grad_(False),
                                    trains=False)
         from transformers import AutoTokenizer
@@ -116,6 +134,12 @@ class Trainer:
             self.kl_spans = TagSpans.from_tokenizer(tokenizer, cfg.kl_loss["tags"])
         # the answer apart from the rest (the reasoning): entropy and KL of each in the metrics
         self.answer_spans = TagSpans.from_tokenizer(tokenizer, ["answer"])
+        self.probe_ids = lora.probe_ids(tokenizer).to(self.device)
+        """An adapter publish's probe (transport/adapters.py)."""
+
+    def _adapted(self, model: nn.Module) -> nn.Module:
+        """``model`` with LoRA adapters injected (learner/lora.py), or as it is without LoRA."""
+        return model if self.lora is None else lora.inject(model, self.lora, vision=self.images is not None)
 
     def _policy_class(self):
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -135,8 +159,9 @@ class Trainer:
         return fully_shard(model, mesh=self._mesh, mp_policy=self._mp)
 
     def _adamw(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=self.cfg.weight_decay,
-                                 eps=self.cfg.adam_eps)
+        """AdamW over the weights that train (with LoRA: the adapters, and the critic's head)."""
+        return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
+                                 weight_decay=self.cfg.weight_decay, eps=self.cfg.adam_eps)
 
     # --- the train step ---------------------------------------------------------------------
 
@@ -189,12 +214,13 @@ class Trainer:
         return torch.tensor(mine + [-1] * (count - len(mine)), dtype=torch.int64)
 
     @torch.no_grad()
-    def policy_logprobs(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """log pi(token i | tokens < i) at the sampling temperature, 0 at i = 0. Shape: (B, L).
+    def policy_logprobs(self, token_ids: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
+        """log pi(token i | tokens < i) at the sampling temperature (or ``temperature``), 0 at
+        i = 0. Shape: (B, L).
 
         Collective: every rank calls it (FSDP gathers the weights)."""
-        return token_logprobs(self.policy, token_ids.to(self.device), self.cfg.temperature,
-                              chunk=self.logit_chunk)[0]
+        t = self.cfg.temperature if temperature is None else temperature
+        return token_logprobs(self.policy, token_ids.to(self.device), t, chunk=self.logit_chunk)[0]
 
     @torch.no_grad()
     def _prepare(self, rows: Rows, batch: Batch, index: torch.Tensor, metrics, version: int) -> Rows:
@@ -210,9 +236,8 @@ class Trainer:
                                                  chunk=self.logit_chunk)[0]
             if self.critic is not None:
                 values[part, :n] = self._values(ids, inputs)
-            if self.ref is not None:
-                logp_ref[part, :n] = token_logprobs(self.ref, ids, temperature, inputs=inputs,
-                                                    chunk=self.logit_chunk)[0]
+            if self.needs_ref:
+                logp_ref[part, :n] = self._ref_logprobs(ids, inputs)
         rows = replace(rows, logp_prox=logp_prox, values=values, logp_ref=logp_ref)
         mask = rows.batch.loss_mask
         # How far the actors' sampling distribution is from the learner's (staleness, numerics):
@@ -251,6 +276,20 @@ class Trainer:
                     # give it units (the head is not rescaled then): the value loss's old values in them
                     values = self.value_norm.denormalize(values)
         return replace(rows, advantages=adv, returns=returns, values=values, answer=answer)
+
+    @property
+    def needs_ref(self) -> bool:
+        """The algorithm reads the reference policy's log-probs (a KL term)."""
+        return bool(self.cfg.kl_in_reward or self.cfg.kl_loss)
+
+    def _ref_logprobs(self, ids: torch.Tensor, inputs: dict) -> torch.Tensor:
+        """The reference policy's log-probs: the frozen copy's, or with LoRA the policy's with
+        its adapters off (the same weights: no second copy is loaded)."""
+        if self.ref is not None:
+            return token_logprobs(self.ref, ids, self.cfg.temperature, inputs=inputs, chunk=self.logit_chunk)[0]
+        with lora.adapters_disabled(self.policy):
+            return token_logprobs(self.policy, ids, self.cfg.temperature, inputs=inputs,
+                                  chunk=self.logit_chunk)[0]
 
     def _inputs(self, rows: Rows) -> dict:
         """The models' image inputs for ``rows`` ({} for a text model or rows without images)."""
@@ -330,9 +369,10 @@ class Trainer:
     def _policy_backward(self, rows: Rows, scale: float, units: int, metrics) -> None:
         cfg, b = self.cfg, rows.batch
         mask = b.loss_mask
-        logp, entropy = token_logprobs(self.policy, b.token_ids, cfg.temperature, entropy=True,
-                                       entropy_grad=self.entropy_coef != 0, inputs=self._inputs(rows),
-                                       chunk=self.logit_chunk)
+        with lora.adapter_dropout(self.policy, self.lora is not None):
+            logp, entropy = token_logprobs(self.policy, b.token_ids, cfg.temperature, entropy=True,
+                                           entropy_grad=self.entropy_coef != 0, inputs=self._inputs(rows),
+                                           chunk=self.logit_chunk)
         if cfg.loss == "ppo":
             loss, stats = losses.ppo_policy_loss(logp, rows.logp_prox, rows.advantages, mask, **cfg.loss_args)
         elif cfg.loss == "decoupled_ppo":
@@ -369,8 +409,9 @@ class Trainer:
         if self.value_norm is not None and self.value_norm.stats is not None:
             old, target = self.value_norm.normalize(old), self.value_norm.normalize(target)
             clip = None if clip is None else clip / self.value_norm.std
-        loss, stats = losses.value_loss(self.critic(rows.batch.token_ids, **self._inputs(rows)), old, target,
-                                        mask, clip=clip, agg=self.cfg.agg)
+        with lora.adapter_dropout(self.critic, self.lora is not None):
+            values = self.critic(rows.batch.token_ids, **self._inputs(rows))
+        loss, stats = losses.value_loss(values, old, target, mask, clip=clip, agg=self.cfg.agg)
         (self.cfg.value_coef * scale * loss).backward()
         metrics.add("loss/value", float(loss.detach()), units)
         metrics.add("critic/clip_frac", stats["clip_frac"], units)
@@ -392,10 +433,30 @@ class Trainer:
 
     # --- weights and checkpoints ------------------------------------------------------------
 
-    def weights_for_publish(self):
-        """learner/models.py's ``lazy_full_state`` of the policy. Collective: every rank reads
-        its iterator to the end."""
-        return lazy_full_state(self.policy)
+    def weights_for_publish(self) -> tuple[list, Iterator, dict[str, float]]:
+        """``(specs, tensors, stats)``: learner/models.py's ``lazy_publish`` of what the engines
+        need of the policy: its whole state; with LoRA the adapter alone, its config and the
+        probe (transport/adapters.py), or with ``lora.merge`` the state with the adapter merged
+        in. ``stats``: the publish's bytes, and for an adapter the probe's largest shift from
+        the base model (a probe check tells base from adapter only beyond its tolerance).
+        Collective: every rank calls it and reads the iterator to the end."""
+        if self.lora is None:
+            entries = state_entries(self.policy)
+        elif self.lora.merge:
+            entries = lora.merged_entries(self.policy, self.lora)
+        else:
+            entries = lora.adapter_entries(self.policy)
+        stats = {"weights/bytes": float(sum(math.prod(e.shape) * e.dtype.itemsize for e in entries))}
+        if self.lora is not None and not self.lora.merge:
+            probe = self.policy_logprobs(self.probe_ids, temperature=1.0)[0, 1:]
+            with lora.adapters_disabled(self.policy):
+                base = self.policy_logprobs(self.probe_ids, temperature=1.0)[0, 1:]
+            stats["weights/probe_shift"] = float((probe - base).abs().max())
+            config = lora.peft_config(self.lora, self.policy, self.cfg.model_path)
+            entries += [Entry(name, t.dtype, tuple(t.shape), lambda t=t: t)
+                        for name, t in adapters.extras(config, self.probe_ids.cpu(), probe.cpu())]
+        specs, tensors = lazy_publish(entries)
+        return specs, tensors, stats
 
     def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
         """The policy's full HF-named state dict on CPU on rank 0, {} elsewhere. Collective."""
@@ -413,7 +474,7 @@ class Trainer:
         each rank's RNG states (torch, numpy, python: tensors and numbers) in
         ``path/rng-<rank>.pt``. Neither executes a pickle when loaded. Collective."""
         path = Path(path)
-        checkpoint.save_trainables(list(self._trainables()), path / "dcp")
+        checkpoint.save_trainables(list(self._trainables()), path / "dcp", frozen=self.lora is None)
         torch.save(checkpoint.rng_states(), path / f"rng-{self.rank}.pt")
         fingerprint = self.optimizer_fingerprint()
         if self.rank == 0:
@@ -428,7 +489,7 @@ class Trainer:
         ``optimizer_fingerprint`` as saved and ``optimizer_fingerprint_loaded`` as restored
         (equal when the optimizers came back). Collective."""
         path = Path(path)
-        checkpoint.load_trainables(list(self._trainables()), path / "dcp")
+        checkpoint.load_trainables(list(self._trainables()), path / "dcp", frozen=self.lora is None)
         checkpoint.set_rng_states(torch.load(path / f"rng-{self.rank}.pt", weights_only=True))
         extra = json.loads((path / "extra.json").read_text(encoding="utf-8"))
         own = extra.pop("_trainer")
@@ -444,7 +505,23 @@ class Trainer:
         return checkpoint.optimizer_fingerprint((o for _, _, o in self._trainables()), self.device)
 
     def save_hf(self, path: str | Path) -> None:
-        """learner/checkpoint.py's ``save_hf`` of the policy: a Hugging Face directory that vLLM
-        loads. Collective."""
-        checkpoint.save_hf(self.state_dict_for_publish(), self.rank, self._policy_class(),
-                           self.hf_config, self.cfg.model_path, path)
+        """The policy as a directory that transformers and vLLM load: learner/checkpoint.py's
+        ``save_hf`` of its weights; with LoRA a PEFT adapter directory (its base: the model
+        path), and with ``lora.save_merged`` also the merged model at ``<path>-merged``.
+        Collective."""
+        if self.lora is None:
+            checkpoint.save_hf(self.state_dict_for_publish(), self.rank, self._policy_class(),
+                               self.hf_config, self.cfg.model_path, path)
+            return
+        config = lora.peft_config(self.lora, self.policy, self.cfg.model_path)
+        with torch.no_grad():
+            tensors = {e.name: e.read().cpu() for e in lora.adapter_entries(self.policy)}
+        if self.rank == 0:
+            adapters.write_adapter(path, config, tensors)
+            checkpoint.copy_model_files(self.cfg.model_path, path)
+        dist.barrier()
+        if self.lora.save_merged:
+            with torch.no_grad():
+                merged = {e.name: e.read().cpu() for e in lora.merged_entries(self.policy, self.lora)}
+            checkpoint.save_hf(merged if self.rank == 0 else {}, self.rank, self._policy_class(),
+                               self.hf_config, self.cfg.model_path, f"{path}-merged")

@@ -295,18 +295,19 @@ class LearnerWorker:
 
     @_reported
     def publish_weights(self) -> dict[str, float]:
-        """Broadcast the current weights as ``self.version``; collective over the learner ranks
-        (each tensor is gathered from its shards as the broadcast reaches it, in buckets of
-        ``weight_bucket_bytes``), and over the weight group (the actors receive at once)."""
+        """Broadcast the current weights (with LoRA: the adapter and its probe) as
+        ``self.version``; collective over the learner ranks (each tensor is gathered from its
+        shards as the broadcast reaches it, in buckets of ``weight_bucket_bytes``), and over
+        the weight group (the actors receive at once)."""
         t0 = time.perf_counter()
-        specs, tensors = self.trainer.weights_for_publish()
+        specs, tensors, stats = self.trainer.weights_for_publish()
         try:
             if self.publisher is not None:
                 self.publisher.publish(tensors, self.version, specs=specs)
         finally:  # the other ranks gather with this one to the last tensor, also after a failure
             for _ in tensors:
                 pass
-        return {"weights/publish_s": time.perf_counter() - t0,
+        return {**stats, "weights/publish_s": time.perf_counter() - t0,
                 "weights/version": float(self.version)}
 
     @_reported

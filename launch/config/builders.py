@@ -49,12 +49,23 @@ def trainer_config(cfg: RunConfig, model_path: str) -> TrainerConfig:
     and its ``dict | None`` fields are types an OmegaConf schema cannot hold."""
     from learner.config import TrainerConfig
 
-    takes = {f.name for f in dataclasses.fields(TrainerConfig)}
+    takes = {f.name for f in dataclasses.fields(TrainerConfig)} - {"lora"}
     learner = {k: v for k, v in dataclasses.asdict(cfg.learner).items() if k in takes}
     algo = dataclasses.asdict(cfg.algorithm)
     del algo["reasoning_reward"]  # an env setting (env_config)
     return TrainerConfig(**learner, **algo, model_path=model_path, critic_path=cfg.model.critic_path,
-                         lr_steps=cfg.train.steps, temperature=cfg.actors.temperature, seed=cfg.seed)
+                         lr_steps=cfg.train.steps, temperature=cfg.actors.temperature, seed=cfg.seed,
+                         lora=lora_spec(cfg))
+
+
+def lora_spec(cfg: RunConfig) -> dict[str, Any] | None:
+    """learner/lora.py's ``LoraSpec`` keys of ``learner.lora``; None when it is off."""
+    lo = cfg.learner.lora
+    if not lo.enabled:
+        return None
+    targets = lo.target_modules if isinstance(lo.target_modules, str) else list(lo.target_modules)
+    return {"rank": lo.rank, "alpha": lo.alpha, "dropout": lo.dropout, "target_modules": targets,
+            "merge": lo.merge, "save_merged": lo.save_merged}
 
 
 def warm_start_config(cfg: RunConfig) -> dict[str, Any]:
@@ -74,7 +85,7 @@ def warm_start_config(cfg: RunConfig) -> dict[str, Any]:
 def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: str) -> ActorConfig:
     """Actor ``index``'s config; the topology adds what its placement and the run's history say
     (``dataclasses.replace``: cores, log file, stream keys, incarnation, groups played)."""
-    ac = cfg.actors
+    ac, lo = cfg.actors, cfg.learner.lora
     return ActorConfig(
         actor_id=index, run_id=cfg.run_name, model_path=model_path,
         env_name=cfg.env_name, env_config=env_config(cfg), env_pool=env_pool_config(cfg),
@@ -88,7 +99,10 @@ def actor_config(cfg: RunConfig, index: int, model_path: str, stream_address: st
         max_turns=cfg.env["max_turns"], max_context=ac.max_context,
         images_per_turn=images_per_observation(cfg.env_name),
         kv_cache_bytes=ac.kv_cache_bytes, seed=cfg.seed * 1000 + index,
-        learner_address=stream_address, dtype=str(cfg.model.dtype), tensor_parallel=ac.tp)
+        learner_address=stream_address, dtype=str(cfg.model.dtype), tensor_parallel=ac.tp,
+        # adapter pushes (not merged ones): the engine serves the last max_staleness + 1 adapters
+        lora_rank=lo.rank if lo.enabled and not lo.merge else 0, lora_keep=cfg.learner.max_staleness + 1,
+        lora_probe_tolerance=lo.probe_tolerance)
 
 
 def env_pool_config(cfg: RunConfig) -> EnvPoolConfig:

@@ -220,6 +220,33 @@ class ActorsConfig(EnvPoolConfig):
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters (PEFT) on the policy and the critic's backbone: only they (and the critic's
+    head) train; each published version reaches the engines as a new adapter."""
+
+    enabled: bool = False
+    """Train adapters instead of every weight."""
+    rank: int = 8
+    alpha: float = 16.0
+    """The adapter's output is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """On the adapters' inputs, in the training passes only."""
+    # Any, not List[str]: a list of module names or one regular expression (PEFT's semantics)
+    target_modules: Any = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                         "gate_proj", "up_proj", "down_proj"])
+    """Module names (suffixes), "all-linear", or a regular expression over full names; a
+    vision-language model's vision tower is never adapted (the engine would not apply it)."""
+    merge: bool = False
+    """Push the base weights with the adapter merged in (a full-weight push, the engine without
+    LoRA) instead of the adapter: for those who measure faster decoding that way."""
+    save_merged: bool = False
+    """final-model/ holds the adapter; this also writes the merged model to final-model-merged/."""
+    probe_tolerance: float = 1.0e-3
+    """After every adapter push the engine's log-probs of a fixed probe must equal the
+    learner's within this (nats per token), or the push fails."""
+
+
+@dataclass
 class LearnerConfig:
     """The learner ranks and their optimisation."""
 
@@ -272,6 +299,8 @@ class LearnerConfig:
     """Off-policy correction of the advantages (rho and c clipped at 1)."""
     dist_timeout_s: float = 1800.0
     """Timeout of the learner ranks' process group (a rank silent this long fails the step)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA instead of full fine-tuning (``learner.lora.enabled=true``)."""
 
     def __post_init__(self) -> None:
         _one_of("learner.device", self.device.split(":")[0], ("cpu", "cuda"))  # or cuda:<index>

@@ -31,10 +31,14 @@ def combine_evaluations(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def push_timings(published: dict[str, float], updates: list[dict[str, float]],
                  elapsed: Callable[[], float]) -> dict[str, float]:
-    """A push's metrics: the learner's, the push's wall time, the slowest actor's phases."""
+    """A push's metrics: the learner's, the push's wall time, the slowest actor's phases, and
+    for an adapter the largest probe gap (engine vs learner) among the actors."""
     out = {**published, "weights/push_s": elapsed()}
     for key in ("pause_s", "receive_s", "total_s"):
         vals = [u.get(key, 0.0) for u in updates]
         if vals:
             out[f"weights/actor_{key}"] = max(vals)
+    gaps = [u["probe_gap"] for u in updates if "probe_gap" in u]  # adapter pushes: the worst engine's
+    if gaps:
+        out["weights/probe_gap"] = max(gaps)
     return out

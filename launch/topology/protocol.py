@@ -28,10 +28,17 @@ class PushError(RuntimeError):
 
     def __init__(self, version: int, errors: dict[int, Exception], learner_errors: list[Exception],
                  dead: AbstractSet[int] = frozenset(), what: str = "push"):
-        super().__init__(f"{what} of version {version} failed: actors {sorted(errors)}, "
-                         f"learner {[str(e) for e in learner_errors]}")
+        causes = [f"actor {i}: {_said(e)}" for i, e in sorted(errors.items())]
+        causes += [f"learner: {_said(e)}" for e in learner_errors]
+        super().__init__(f"{what} of version {version} failed: {'; '.join(causes) or 'no cause given'}")
         self.errors, self.learner_errors = errors, learner_errors
         self.dead_actors = {i: e for i, e in errors.items() if i in dead}
+
+
+def _said(error: BaseException, most: int = 600) -> str:
+    """An error's type and message, on one line and cut at ``most`` characters."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= most else text[:most] + "..."
 
 
 class CallTimeout(TimeoutError):

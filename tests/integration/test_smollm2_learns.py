@@ -1,7 +1,8 @@
 """A real pretrained model learns: SmolLM2-135M-Instruct (model=smollm2_135m, converted from the
 package index by the install) on FrozenLake by text with the recipe of
 ``experiment=smollm2_frozenlake``: five SFT steps that start the answer's shape, then GRPO
-through the whole asynchronous loop (vLLM actor, env workers, learner, weight pushes).
+through the whole asynchronous loop (vLLM actor, env workers, learner, weight pushes); and the
+same with LoRA for the RL steps (``experiment=smollm2_frozenlake_lora``: adapter pushes).
 On held-out maps (envs/splits.py) the share of episodes whose every answer earned the format
 reward (well-formed, and every action a move) must rise beyond its 95% interval, greedy and
 sampled, and the paired test on the same seeds (launch/run/evaluation.py's ``compare``:
@@ -24,10 +25,9 @@ from launch.config.compose import compose
 from launch.run import evaluation
 from launch.run.loop import train
 
-RECIPE = ["experiment=smollm2_frozenlake", "train.checkpoint_every=0", "logger.wandb=false",
-          *shlex.split(os.environ.get("LEARN_OVERRIDES", ""))]
-"""The preset as it is (its evals are the curve of docs/smollm2.md); LEARN_OVERRIDES adds
-overrides, e.g. ``train.eval_split=test``."""
+RECIPE = ["train.checkpoint_every=0", "logger.wandb=false", *shlex.split(os.environ.get("LEARN_OVERRIDES", ""))]
+"""Beside the preset as it is (its evals are the curves of docs/smollm2.md and docs/lora.md);
+LEARN_OVERRIDES adds overrides, e.g. ``train.eval_split=test``."""
 
 
 def well_formed(outcome: dict, format_reward: float) -> bool:
@@ -38,8 +38,11 @@ def well_formed(outcome: dict, format_reward: float) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(4800)
-def test_grpo_raises_the_real_models_format_rate_beyond_the_noise(tmp_path):
-    cfg = compose(RECIPE)
+@pytest.mark.parametrize("preset", ["smollm2_frozenlake", "smollm2_frozenlake_lora"],
+                         ids=["full", "lora"])
+def test_grpo_raises_the_real_models_format_rate_beyond_the_noise(tmp_path, preset):
+    """Full fine-tuning, and LoRA adapters (rank 8) with the same budget."""
+    cfg = compose([f"experiment={preset}", *RECIPE])
     summary = train(cfg, tmp_path)
     assert summary["steps"] == cfg.train.steps
     check_format_rises(tmp_path, cfg.env["format_reward"], cfg.train.steps)

@@ -68,8 +68,26 @@ def test_every_learner_key_reaches_the_trainer_the_rank_or_the_placement():
     cfg = compose(["learner.vtrace=false", "learner.critic_warmup=2", "learner.lr_schedule=cosine",
                    "train.steps=9", "seed=4"])
     tc = trainer_config(cfg, "/m")
-    assert all(getattr(tc, k) == getattr(cfg.learner, k) for k in names(LearnerConfig) & names(TrainerConfig))
+    same = names(LearnerConfig) & names(TrainerConfig) - {"lora"}  # lora: its own test
+    assert all(getattr(tc, k) == getattr(cfg.learner, k) for k in same)
     assert (tc.vtrace, tc.critic_warmup, tc.lr_steps, tc.seed) == (False, 2, 9, 4)
+
+
+def test_learner_lora_reaches_the_trainer_and_the_actors_engines():
+    """Off: the trainer trains every weight and the engines take full weights. On: the trainer
+    gets its LoraSpec keys, each actor serves adapters of that rank and keeps max_staleness + 1
+    of them; with merge, the pushes are full weights again (no LoRA in the engine)."""
+    off = compose([])
+    assert trainer_config(off, "/m").lora is None and actor_config(off, 0, "/m", "tcp://h:1").lora_rank == 0
+    on = compose(["learner.lora.enabled=true", "learner.lora.rank=16", "learner.lora.alpha=32",
+                  "learner.max_staleness=2", "learner.lora.probe_tolerance=0.01",
+                  "learner.lora.target_modules=[q_proj]"])
+    spec = trainer_config(on, "/m").lora_spec
+    assert (spec.rank, spec.alpha, spec.target_modules, spec.merge) == (16, 32.0, ("q_proj",), False)
+    ac = actor_config(on, 0, "/m", "tcp://h:1")
+    assert (ac.lora_rank, ac.lora_keep, ac.lora_probe_tolerance) == (16, 3, 0.01)
+    merged = compose(["learner.lora.enabled=true", "learner.lora.merge=true"])
+    assert trainer_config(merged, "/m").lora_spec.merge and actor_config(merged, 0, "/m", "tcp://h:1").lora_rank == 0
 
 
 def test_actor_config_keys_are_the_actors():

@@ -173,7 +173,7 @@ def test_an_actor_dying_while_the_group_re_forms_is_replaced_too_and_the_group_f
     # a failure that names no dead actor still ends the run
     cluster.ended = {0: RuntimeError("gone again")}
     outcomes.append(PushError(6, {1: RuntimeError("bad tensor")}, [], set()))
-    with pytest.raises(PushError, match=r"push of version 6 failed: actors \[1\]"):
+    with pytest.raises(PushError, match=r"push of version 6 failed: actor 1: RuntimeError: bad tensor"):
         s.check(version=6)
 
 

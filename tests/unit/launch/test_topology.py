@@ -105,4 +105,4 @@ def test_a_push_error_names_only_the_dead_actors_as_dead():
     gone, late = RuntimeError("gone"), TimeoutError("late")
     error = PushError(3, {0: gone, 2: late}, [], dead={0})
     assert error.dead_actors == {0: gone} and error.errors == {0: gone, 2: late}
-    assert "actors [0, 2]" in str(error)
+    assert "actor 0: " in str(error) and "actor 2: " in str(error)

@@ -273,7 +273,7 @@ def test_tied_embeddings_are_published_once_and_stay_tied(tmp_path, hf_model):
     trainer = Trainer(_config(str(path), "grpo", lr=1e-3, kl_in_reward=None))
     trainer.train_step(_batch(hf_model, 4), version=0)
     state = trainer.state_dict_for_publish()
-    specs, lazy = trainer.weights_for_publish()
+    specs, lazy, _ = trainer.weights_for_publish()
     published = dict(lazy)
     # The sharded policy still holds one table for both names; it is sent once, under the first.
     assert [n for n, _, _ in specs] == [n for n in state if n != "lm_head.weight"] == list(published)
@@ -403,7 +403,7 @@ def _run(cfg: TrainerConfig, trajectories) -> tuple[dict, dict]:
     metrics = [trainer.train_step(trajectories, version=v) for v in range(2)]
     state = trainer.state_dict_for_publish()
     # what a publish reads: each tensor gathered from its shards when reached, on every rank
-    specs, lazy = trainer.weights_for_publish()
+    specs, lazy, _ = trainer.weights_for_publish()
     lazy = [(name, t.clone()) for name, t in lazy]
     assert [(n, d, tuple(shape)) for n, d, shape in specs] == [
         (n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in lazy]

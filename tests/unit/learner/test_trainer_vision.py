@@ -116,7 +116,7 @@ def test_trainer_scores_image_episodes_as_transformers_does(vl_path, hf):
     assert any(k.startswith("model.visual.") for k in moved)  # the vision tower learns too
     assert any(k.startswith("model.language_model.") for k in moved)
     # what a publish reads, tensor by tensor: the same names and values, vision tower included
-    specs, lazy = trainer.weights_for_publish()
+    specs, lazy, _ = trainer.weights_for_publish()
     lazy = dict(lazy)
     assert [n for n, _, _ in specs] == list(lazy) == list(after)
     assert all(torch.equal(lazy[k], after[k]) for k in after)
