@@ -45,7 +45,11 @@ def _options(frozen: bool) -> StateDictOptions:
 def _trainables_state(trainables: list, frozen: bool) -> dict:
     state = {}
     for name, model, optim in trainables:
-        state[name], state[f"{name}_optim"] = get_state_dict(model, optim, options=_options(frozen))
+        weights, state[f"{name}_optim"] = get_state_dict(model, optim, options=_options(frozen))
+        if not frozen:  # a tied weight's second name (lm_head) escapes torch's filter: not a parameter name
+            trained = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+            weights = {k: v for k, v in weights.items() if k in trained}
+        state[name] = weights
     return state
 
 

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from launch.model.tiny_model import build_tiny_model
 from learner import lora
@@ -119,13 +120,16 @@ def test_a_merged_publish_is_the_base_model_with_scale_b_a_added(model_path, hf_
     torch.testing.assert_close(state[f"{q}.weight"], want)
 
 
-def test_a_checkpoint_holds_the_adapters_and_their_optimizer_and_resumes(model_path, hf_model, tmp_path):
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_checkpoint_holds_the_adapters_and_their_optimizer_and_resumes(model_path, hf_model, tmp_path, tied):
+    """Only the adapters, the critic's head and their optimizer states; with tied embeddings
+    (SmolLM2's) the frozen table stays out under its second name too."""
+    if tied:
+        model_path = str(build_tiny_model(tmp_path / "tied", tie_word_embeddings=True))
     cfg = _config(model_path, "vagen_full", lora=RANDOM, critic_warmup=0)
     trainer = Trainer(cfg)
     trainer.train_step(_batch(hf_model, 8), 0)
     trainer.save_checkpoint(tmp_path / "ck", {"version": 1})
-    import torch.distributed.checkpoint as dcp
-
     saved = dcp.FileSystemReader(str(tmp_path / "ck" / "dcp")).read_metadata().state_dict_metadata
     weights = [k for k in saved if k.startswith(("policy.", "critic."))]
     assert weights and all(".lora_" in k or k.startswith("critic.head.") for k in weights)
