@@ -370,8 +370,7 @@ class InferenceActor:
             request_id, final = f"actor{self.cfg.actor_id}-{next(self._request_ids)}", None
             self._busy(+1)
             try:
-                async with self._weights.serving() as (version, lora):
-                    extra = {"lora_request": lora} if lora is not None else {}
+                async with self._weights.serving() as (version, extra):
                     async for output in self.engine.generate(vllm_prompt(ids, images, self.vision),
                                                              params, request_id, **extra):
                         final = output  # the stream's last output holds the whole answer

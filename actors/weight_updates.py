@@ -106,14 +106,16 @@ class WeightUpdates:
         return self._registered.get(version)
 
     @contextlib.asynccontextmanager
-    async def serving(self, version: int | None = None) -> AsyncIterator[tuple[int, Any]]:
-        """``(version, lora_request)`` for one request to the engine: the version it is sampled
-        with (the one served now unless given) and its adapter's request (None: the engine's
-        own weights). The adapter stays registered while inside."""
+    async def serving(self, version: int | None = None) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """``(version, extra)`` for one request to the engine: the version it is sampled with
+        (the one served now unless given) and the keyword arguments that make the engine's
+        ``generate`` use its adapter (``{}``: the engine's own weights). The adapter stays
+        registered while inside."""
         version = self.version if version is None else version
         self._users[version] += 1
         try:
-            yield version, self.lora_request(version)
+            lora = self.lora_request(version)
+            yield version, {} if lora is None else {"lora_request": lora}
         finally:
             self._users[version] -= 1
             if not self._users[version]:
@@ -259,8 +261,7 @@ class WeightUpdates:
         beyond the tolerance."""
         params = sampling_params(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         final = None
-        async with self.serving(version) as (_, lora):
-            extra = {"lora_request": lora} if lora is not None else {}
+        async with self.serving(version) as (_, extra):
             async for out in self.engine.generate({"prompt_token_ids": ids}, params,
                                                   f"probe-actor{self.actor_id}-v{version}", **extra):
                 final = out

@@ -123,10 +123,6 @@ def adapted_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield name, module
 
 
-def has_adapters(model: nn.Module) -> bool:
-    return next(adapted_layers(model), None) is not None
-
-
 @contextlib.contextmanager
 def adapters_disabled(model: nn.Module):
     """Within it, ``model`` computes as its base model (every adapter skipped), without touching

@@ -57,10 +57,9 @@ def split(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> AdapterPublish:
     special: dict[str, torch.Tensor] = {}
     for name, t in named_tensors:
         (special if name in (CONFIG, PROBE_IDS, PROBE_LOGPROBS) else tensors)[name] = t.to("cpu", copy=True)
-    missing = sorted({CONFIG, PROBE_IDS, PROBE_LOGPROBS} - set(special))
-    if missing or not tensors:
-        raise ValueError(f"not an adapter publish: {'no adapter tensor' if not tensors else ''}"
-                         f"{' missing ' + ', '.join(missing) if missing else ''}".strip())
+    missing = sorted({CONFIG, PROBE_IDS, PROBE_LOGPROBS} - set(special)) + ([] if tensors else ["an adapter tensor"])
+    if missing:
+        raise ValueError(f"not an adapter publish: it lacks {', '.join(missing)}")
     config = json.loads(bytes(special[CONFIG].numpy()).decode())
     return AdapterPublish(config, tensors, special[PROBE_IDS].tolist(), special[PROBE_LOGPROBS].tolist())
 

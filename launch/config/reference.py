@@ -47,8 +47,8 @@ def field_docs(cls: type) -> dict[str, str]:
 def _type(t) -> str:
     if isinstance(t, type) and issubclass(t, enum.Enum):  # a key's choices
         return " | ".join(str(m.value) for m in t)
-    if t is typing.Any:
-        return "mapping | null"
+    if t is typing.Any:  # a mapping, a list or a word, as the meaning says
+        return "any"
     name = getattr(t, "__name__", None)
     if typing.get_origin(t) is typing.Union:
         args = [a for a in typing.get_args(t) if a is not type(None)]
@@ -71,8 +71,21 @@ def _default(f: dataclasses.Field) -> str:
         return "null" if f.default is None else repr(f.default).replace("'", "")
     if f.default_factory is not dataclasses.MISSING:
         value = f.default_factory()
+        if isinstance(value, list):
+            return "[" + ", ".join(map(str, value)) + "]"
         return "{}" if value == {} else "(group)"
     return "(required)"
+
+
+def _rows(prefix: str, cls: type) -> list[str]:
+    """A table row per key of ``cls`` under ``prefix``; a nested group's row, then its keys'."""
+    cls_hints, cls_docs, rows = typing.get_type_hints(cls), field_docs(cls), []
+    for f in dataclasses.fields(cls):
+        rows.append(f"| `{prefix}.{f.name}` | {_cell(_type(cls_hints[f.name]))} | {_default(f)} | "
+                    f"{_cell(cls_docs[f.name])} |")
+        if dataclasses.is_dataclass(cls_hints[f.name]):
+            rows += _rows(f"{prefix}.{f.name}", cls_hints[f.name])
+    return rows
 
 
 def render() -> str:
@@ -97,9 +110,7 @@ def render() -> str:
             listed = ", ".join(f"`{c}`" for c in choices)
             lines += ["", f"Choices (`configs/{g.name}/`): {listed}."]
         lines += ["", "| key | type | default | meaning |", "|---|---|---|---|"]
-        cls_hints, cls_docs = typing.get_type_hints(cls), field_docs(cls)
-        lines += [f"| `{g.name}.{f.name}` | {_cell(_type(cls_hints[f.name]))} | {_default(f)} | "
-                  f"{_cell(cls_docs[f.name])} |" for f in dataclasses.fields(cls)]
+        lines += _rows(g.name, cls)
     envs = sorted(p.stem for p in (ROOT / "configs" / "env").glob("*.yaml"))
     lines += ["", "## `env`", "", "The env's own keyword arguments (its factory's; each YAML lists them)."
               " Choices (`configs/env/`): " + ", ".join(f"`{e}`" for e in envs) + ".",

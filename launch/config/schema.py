@@ -227,6 +227,7 @@ class LoraConfig:
     enabled: bool = False
     """Train adapters instead of every weight."""
     rank: int = 8
+    """The adapters' rank (the engine serves up to the next of vLLM's ranks: 8, 16, 32, ...)."""
     alpha: float = 16.0
     """The adapter's output is scaled by alpha / rank."""
     dropout: float = 0.0

@@ -95,6 +95,7 @@ def test_an_evaluation_past_its_deadline_fails_only_the_slow_actor(local_ray):
     cluster = _cluster()
     cluster.actors = [ray.remote(_Actor).remote(k) for k in ("fine", "slow")]
     try:
+        ray.get([a.ready.remote() for a in cluster.actors])  # started: the deadline is the call's
         t0 = time.monotonic()
         with pytest.raises(ActorsFailed) as info:
             cluster.evaluate(list(range(8)))

@@ -26,7 +26,9 @@ BUCKET_BYTES = 256 << 10  # the tiny models are several MiB: they travel in many
 
 
 @pytest.mark.parametrize("vision,tp", [
-    (False, 1), (True, 1),
+    # text: make test-slow (make test has the vision one, whose checks include the text model's,
+    # and tests/integration/test_actor.py's updates in flight into the same worker, both engines)
+    pytest.param(False, 1, marks=pytest.mark.slow), (True, 1),
     pytest.param(False, 2, marks=pytest.mark.slow),  # an engine of two workers: make test-slow
 ], ids=["text", "vision", "tensor-parallel"])
 def test_broadcast_reaches_the_vllm_worker(tmp_path, vision, tp):

@@ -33,6 +33,19 @@ def test_experiment_presets_carry_vagen_hyper_parameters(name):
     assert cfg.env["render"] in ("image", "both") and cfg.env_name in name  # both: VAGEN's PrimitiveSkill
 
 
+@pytest.mark.parametrize("name", [p.stem for p in sorted((CONFIGS / "experiment").glob("*_3b.yaml"))])
+def test_every_gpu_preset_has_a_lora_variant(name):
+    """``learner=gpu_lora`` turns any GPU preset into its LoRA variant: the preset's run with
+    adapters, the learner's other settings (GPUs, bf16, mini-batches) as the preset has them."""
+    full, lora = compose([f"experiment={name}"]), compose([f"experiment={name}", "learner=gpu_lora"])
+    assert not full.learner.lora.enabled and lora.learner.lora.enabled
+    assert lora.learner.lr == pytest.approx(10 * full.learner.lr)
+    assert (lora.learner.device, lora.learner.param_dtype, lora.learner.num_minibatches) == (
+        full.learner.device, full.learner.param_dtype, full.learner.num_minibatches)
+    assert lora.train == full.train and lora.actors == full.actors and lora.env == full.env
+    assert actor_config(lora, 0, "/m", "tcp://h:1").lora_rank == lora.learner.lora.rank
+
+
 def test_the_real_model_preset_warm_starts_on_fresh_demonstrations_then_runs_grpo():
     cfg = compose(["experiment=smollm2_frozenlake"])
     assert cfg.model.path == "HuggingFaceTB/SmolLM2-135M-Instruct" and cfg.model.package
@@ -40,6 +53,9 @@ def test_the_real_model_preset_warm_starts_on_fresh_demonstrations_then_runs_grp
     assert cfg.warm_start.enabled and cfg.warm_start.seeds == cfg.warm_start.steps * cfg.warm_start.batch_size
     assert (cfg.env["format"], cfg.env["prompt"], cfg.env_name) == ("no_think", "none", "frozenlake")
     assert cfg.train.batch_size % cfg.actors.group_size == 0
+    lora = compose(["experiment=smollm2_frozenlake_lora"])  # the same run, with adapters
+    assert lora.learner.lora.enabled and lora.learner.lr == pytest.approx(10 * cfg.learner.lr)
+    assert lora.train == cfg.train and lora.warm_start == cfg.warm_start and lora.env == cfg.env
 
 
 def test_trainer_config_takes_the_algorithm_and_learner_groups():
