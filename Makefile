@@ -69,6 +69,7 @@ bench: install
 	$(BIN)/python -m tests.benchmarks.bench_sft
 	$(BIN)/python -m tests.benchmarks.bench_logits
 	$(BIN)/python -m tests.benchmarks.bench_loop
+	$(BIN)/python -m tests.benchmarks.bench_lora
 	$(BIN)/python -m tests.benchmarks.bench_converge
 
 # An hour of the default job; fails if total memory grows by more than 5% after warm-up.
