@@ -1,7 +1,7 @@
 """LoRA side by side with full fine-tuning: the engine's decoding speed with and without an
 adapter, the log-prob drift of merged pushes, and a short run of the real loop each way.
 
-    python -m tests.benchmarks.bench_lora [--model DIR] [--parts engine,drift,loop] [--rank 8]
+    python -m tests.benchmarks.bench_lora [--model DIR] [--parts engine,drift,learner,loop] [--rank 8]
         [--steps 4] [--set K=V ...] [--json out.json]
 
 - ``engine``: vLLM (in-process, each engine in a fresh child process) decoding 32 answers of 64
@@ -10,6 +10,9 @@ adapter, the log-prob drift of merged pushes, and a short run of the real loop e
 - ``drift``: the engine's log-probs of a fixed text against the learner's (transformers + the
   adapter, float32), for the adapter pushed as it is and for it merged into the weights (what
   ``learner.lora.merge`` pushes), in the engine's float32 and bfloat16.
+- ``learner``: two learner steps of GRPO on the same 8 FrozenLake demonstrations (micro-batches of
+  4, layers recomputed), each way in a fresh child process: its step time and peak resident
+  memory (the process's high-water mark: the model, the optimizer, the step).
 - ``loop``: ``launch.run.loop.train`` twice on the same config (GRPO on FrozenLake, no warm
   start, the Ray topology, evaluations of 4 maps before and after): full fine-tuning, then
   ``learner.lora.enabled=true``; per step the push's bytes and seconds, the learner's step, and
@@ -121,10 +124,52 @@ def engine_case(queue, model_dir: str, lora_rank: int, dtype: str, adapter: str 
         engine.shutdown()
 
 
-def in_child(*args) -> dict:
+def learner_case(queue, model_dir: str, lora_rank: int) -> None:
+    """In a child process: a learner (one rank) with or without LoRA, two steps on 8
+    demonstrations; its step times and peak resident memory."""
+    import resource
+    import socket
+
+    import torch.distributed as dist
+
+    from launch.config.compose import compose
+    from learner.config import TrainerConfig
+    from learner.trainer import Trainer
+    from tests.benchmarks.bench_learner import _batch
+
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        trajectories = _batch(compose([]), Path(model_dir), 8)
+        for i, t in enumerate(trajectories):  # rewards that move the policy: half the group wins
+            t.turn_rewards[:] = float(i % 2)
+        trainer = Trainer(TrainerConfig(
+            model_path=model_dir, estimator="grpo", lr=1e-4, micro_batch_size=4, activation_checkpointing=True,
+            lora={"rank": lora_rank, "alpha": 2 * lora_rank} if lora_rank else None))
+        times = []
+        for step in range(2):
+            t0 = time.perf_counter()
+            trainer.train_step(trajectories, step)
+            times.append(time.perf_counter() - t0)
+        queue.put({"step_s": times[-1], "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20})
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        queue.put({"error": f"{type(e).__name__}: {e}"})
+
+
+def learner_part(model_dir: str, rank: int) -> list[dict]:
+    full, lora = (in_child(model_dir, r, target=learner_case) for r in (0, rank))
+    return [{"learner": "full fine-tuning", "step s": full["step_s"], "peak GiB": full["peak_gib"],
+             "step vs full": 1.0, "memory vs full": 1.0},
+            {"learner": f"LoRA (rank {rank})", "step s": lora["step_s"], "peak GiB": lora["peak_gib"],
+             "step vs full": lora["step_s"] / full["step_s"], "memory vs full": lora["peak_gib"] / full["peak_gib"]}]
+
+
+def in_child(*args, target=engine_case) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=engine_case, args=(queue, *args))
+    proc = ctx.Process(target=target, args=(queue, *args))
     proc.start()
     try:
         result = queue.get(timeout=900)
@@ -201,7 +246,7 @@ def _mean(rows: list[dict], key: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_lora", description=__doc__.split("\n")[0])
     p.add_argument("--model", help="a model directory (model=smollm2_135m's converted one); default: the tiny model")
-    p.add_argument("--parts", default="engine,drift,loop")
+    p.add_argument("--parts", default="engine,drift,learner,loop")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides of the loop runs")
@@ -225,6 +270,10 @@ def main() -> None:
             out["drift"] = _rounded(drift_part(model_dir, adapter, merged, ids, learner, args.rank))
             print("\nThe engine's log-probs of a fixed text against the learner's (float32, with the adapter)")
             report(out["drift"])
+        if "learner" in parts:
+            out["learner"] = _rounded(learner_part(model_dir, args.rank))
+            print("\nTwo learner steps on the same 8 demonstrations, each way in a fresh process")
+            report(out["learner"])
         if "loop" in parts:
             out["loop"] = _rounded(loop_part(args.model, args.steps, args.set))
             print(f"\nThe loop, {args.steps} steps each way (means over the steps after the first)")
