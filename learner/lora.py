@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from learner.models import Entry, full
+from learner.models import Entry, full, state_entries
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear layer of a Llama / Qwen decoder layer (attention and MLP)."""
@@ -189,28 +189,27 @@ def adapter_entries(model: nn.Module) -> list[Entry]:
 
 
 def merged_entries(model: nn.Module, spec: LoraSpec) -> list[Entry]:
-    """The base model's state under its own names, each adapted layer's weight replaced by
-    W + scale B A (its bias as it is); no adapter tensor. A tensor the state names twice (tied
-    embeddings) comes once, under its first name."""
+    """learner/models.py's ``state_entries`` (a tied tensor once) under the base model's own
+    names: no adapter tensor, each adapted layer's weight read as W + scale B A, its bias as
+    it is."""
     layers = dict(adapted_layers(model))
-    entries, seen = [], set()
-    for name, t in model.state_dict(keep_vars=True).items():
-        if ".lora_" in name or id(t) in seen:
+    entries = []
+    for e in state_entries(model):
+        owner, _, leaf = e.name.rpartition(".base_layer.")
+        if ".lora_" in e.name:
             continue
-        seen.add(id(t))
-        owner, _, leaf = name.rpartition(".base_layer.")
-        if owner and owner in layers and leaf == "weight":
-            layer = layers[owner]
-            a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
+        if not owner:
+            entries.append(e)
+            continue
+        read = e.read
+        if leaf == "weight" and owner in layers:
+            a, b = layers[owner].lora_A[ADAPTER].weight, layers[owner].lora_B[ADAPTER].weight
 
-            def read(t=t, a=a, b=b):
-                w = full(t)
-                return (w.float() + spec.scale * (full(b).float() @ full(a).float())).to(w.dtype)
+            def read(w=e.read, a=a, b=b):
+                base = w()
+                return (base.float() + spec.scale * (full(b).float() @ full(a).float())).to(base.dtype)
 
-            entries.append(Entry(f"{owner}.weight", t.dtype, tuple(t.shape), read))
-        else:
-            entries.append(Entry(f"{owner}.{leaf}" if owner else name, t.dtype, tuple(t.shape),
-                                 lambda t=t: full(t)))
+        entries.append(Entry(f"{owner}.{leaf}", e.dtype, e.shape, read))
     return entries
 
 
