@@ -110,6 +110,8 @@ class Trainer:
         self.lora = cfg.lora_spec
         """LoRA: the policy and the critic's backbone train adapters only (learner/lora.py)."""
         self.policy = self._shard(self._adapted(load_model(self._policy_class(), cfg.model_path)))
+        self.adapter_config = None if self.lora is None else lora.peft_config(self.lora, self.policy, cfg.model_path)
+        """The adapter's ``adapter_config.json`` (with LoRA): every publish and the final model carry it."""
         self.vocab_size = int(self.policy.get_input_embeddings().num_embeddings)
         """The policy's embedding rows: every token id it trains on is below this."""
         self.logit_chunk = chunk_positions(self.vocab_size, cfg.logit_chunk_mib)
@@ -452,9 +454,8 @@ class Trainer:
             with lora.adapters_disabled(self.policy):
                 base = self.policy_logprobs(self.probe_ids, temperature=1.0)[0, 1:]
             stats["weights/probe_shift"] = float((probe - base).abs().max())
-            config = lora.peft_config(self.lora, self.policy, self.cfg.model_path)
             entries += [Entry(name, t.dtype, tuple(t.shape), lambda t=t: t)
-                        for name, t in adapters.extras(config, self.probe_ids.cpu(), probe.cpu())]
+                        for name, t in adapters.extras(self.adapter_config, self.probe_ids.cpu(), probe.cpu())]
         specs, tensors = lazy_publish(entries)
         return specs, tensors, stats
 
@@ -513,11 +514,10 @@ class Trainer:
             checkpoint.save_hf(self.state_dict_for_publish(), self.rank, self._policy_class(),
                                self.hf_config, self.cfg.model_path, path)
             return
-        config = lora.peft_config(self.lora, self.policy, self.cfg.model_path)
         with torch.no_grad():
             tensors = {e.name: e.read().cpu() for e in lora.adapter_entries(self.policy)}
         if self.rank == 0:
-            adapters.write_adapter(path, config, tensors)
+            adapters.write_adapter(path, self.adapter_config, tensors)
             checkpoint.copy_model_files(self.cfg.model_path, path)
         dist.barrier()
         if self.lora.save_merged:
