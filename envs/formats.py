@@ -224,22 +224,36 @@ def format_prompt(
     format: str, *, action_example: str, action_sep: str = ",", max_actions: int = 3
 ) -> str:
     """The system-prompt section describing ``format``, with the example of ``format_example``."""
+    return (
+        f"{_how(format, 'your actions')}"
+        f'In <answer>, give 1 to {max_actions} actions separated by "{action_sep}"; '
+        f"actions after the first {max_actions} are ignored.\n"
+        f"Example:\n{format_example(format, action_example=action_example)}"
+    )
+
+
+def answer_prompt(format: str, *, answer_is: str, example: str) -> str:
+    """The system-prompt section describing ``format`` for an env whose answer is free text, one
+    answer a turn (envs/text_env.py): ``answer_is`` says what goes inside <answer> ("your move,
+    written as the game asks"), ``example`` is an answer's text for the example reply."""
+    return f"{_how(format, answer_is)}Example:\n{format_example(format, action_example=example)}"
+
+
+def _how(format: str, what: str) -> str:
+    """The format's instructions and its template, ``what`` going inside <answer>."""
     sections = _check_format(format)
     if sections is None:
-        how = "Give only your actions inside <answer></answer>, with no other text."
+        how = f"Give only {what} inside <answer></answer>, with no other text."
     elif not sections:
-        how = "First think step by step inside <think></think>, then give your actions"
+        how = f"First think step by step inside <think></think>, then give {what}"
         how += " inside <answer></answer>."
     else:
         steps = "; then ".join(f"{_SECTION_HELP[n]} in <{n}></{n}>" for n in sections)
         how = f"Inside <think></think>, first {steps}."
-        how += " Then give your actions inside <answer></answer>."
+        how += f" Then give {what} inside <answer></answer>."
     template = _fill(format, {**{name: "..." for name in _EXAMPLE_TEXT}, "answer": "..."})
     return (
         f"Answer format: {how}\n"
         f"Your whole reply must be exactly:\n{template}\n"
         f"with nothing before, between or after the tags, and no section left empty. "
-        f'In <answer>, give 1 to {max_actions} actions separated by "{action_sep}"; '
-        f"actions after the first {max_actions} are ignored.\n"
-        f"Example:\n{format_example(format, action_example=action_example)}"
     )

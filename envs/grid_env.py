@@ -344,16 +344,25 @@ def _feedback(parsed: Parsed, checked: list[tuple[str | None, str]], executed: l
 _Factory = TypeVar("_Factory", bound=Callable[..., Any])
 
 
-def takes_layer(factory: _Factory) -> _Factory:
-    """Declares a game's ``make_env(*, <the game's keywords>, **layer)`` that builds
-    ``GridEnv(game, action_example=..., **layer)``: its signature (``inspect.signature``, which
+def takes_settings_of(layer: type, *, given: tuple[str, ...] = ()) -> Callable[[_Factory], _Factory]:
+    """The decorator that declares a ``make_env(*, <its own keywords>, **settings)`` building
+    ``layer(<what it made>, **settings)``: the factory's signature (``inspect.signature``, which
     envs/registry.py's ``check_config`` binds a config to) becomes its own keywords followed by
-    GridEnv's settings, so a key that neither takes fails before any env is built. The call
-    itself is unchanged."""
-    own = inspect.signature(factory)
-    params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    given = {p.name for p in params} | {"action_example"}  # the factory gives these itself
-    layer = [p for p in inspect.signature(GridEnv).parameters.values()
-             if p.kind is p.KEYWORD_ONLY and p.name not in given]
-    factory.__signature__ = own.replace(parameters=params + layer)  # type: ignore[attr-defined]
-    return factory
+    ``layer``'s keyword-only settings, less those it gives itself (``given``), so a key that
+    neither takes fails before any env is built. The call itself is unchanged."""
+
+    def declare(factory: _Factory) -> _Factory:
+        own = inspect.signature(factory)
+        params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        taken = {p.name for p in params} | set(given)
+        settings = [p for p in inspect.signature(layer).parameters.values()
+                    if p.kind is p.KEYWORD_ONLY and p.name not in taken]
+        factory.__signature__ = own.replace(parameters=params + settings)  # type: ignore[attr-defined]
+        return factory
+
+    return declare
+
+
+takes_layer = takes_settings_of(GridEnv, given=("action_example",))
+"""Declares a game's ``make_env(*, <the game's keywords>, **layer)`` that builds
+``GridEnv(game, action_example=..., **layer)`` (``takes_settings_of``)."""

@@ -41,12 +41,16 @@ _FACTORIES = {
     "primitive_skill": "envs.primitive_skill.game:make_env",  # ManiSkill 3
     "svg": "envs.svg.env:make_env",  # SVG reconstruction
     "navigation": "envs.navigation.game:make_env",  # first person, MiniWorld
+    "textarena": "envs.textarena_game:make_env",  # TextArena's single-player games
+    "reasoning_gym": "envs.reasoning_task:make_env",  # reasoning-gym's procedural tasks
+    "openenv": "envs.openenv_env:make_env",  # OpenEnv environments, in-process or served
 }
 NAMES: tuple[str, ...] = tuple(_FACTORIES)
 IDS: dict[str, str] = {"frozenlake": "vagen/FrozenLake-v0", "sokoban": "vagen/Sokoban-v0",
                        "action_words": "vagen/ActionWords-v0", "gym": "vagen/GymText-v0",
                        "primitive_skill": "vagen/PrimitiveSkill-v0", "svg": "vagen/SVG-v0",
-                       "navigation": "vagen/Navigation-v0"}
+                       "navigation": "vagen/Navigation-v0", "textarena": "vagen/TextArena-v0",
+                       "reasoning_gym": "vagen/ReasoningGym-v0", "openenv": "vagen/OpenEnv-v0"}
 """Each env's gymnasium id."""
 for _name, _id in IDS.items():
     if _id not in gym.registry:
@@ -59,6 +63,8 @@ _SOLVERS: dict[str, bool | str] = {
     "svg": True,  # the target's own SVG
     "action_words": False,  # nothing to solve: any answer scores by its words
     "gym": "envs.gym_game:has_solver",  # the gymnasium env's: a function of the config
+    "reasoning_gym": "envs.reasoning_task:has_solver",  # the task's reference answers, where they score
+    "textarena": False, "openenv": False,  # no solvers or reference answers in the source
 }
 """Each env's ``has_solver`` as its config decides it, so it is known without building the env:
 a bool, or a "module:function" of the config."""

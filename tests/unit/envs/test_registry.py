@@ -27,7 +27,7 @@ def defaults(name: str) -> dict:
 
 def test_names_and_reexport():
     assert NAMES == ("frozenlake", "sokoban", "action_words", "gym", "primitive_skill", "svg",
-                     "navigation")
+                     "navigation", "textarena", "reasoning_gym", "openenv")
     assert envs.make is make
 
 
