@@ -33,6 +33,7 @@ import numpy as np
 
 from actors.episode import REWARD_PARTS, judge_scores
 from envs.formats import format_example
+from envs.gym_game import NoTextError
 from launch.run import evaluation
 
 Answer = Callable[[np.random.Generator], str]
@@ -107,12 +108,18 @@ def play(env: Any, seeds: Iterable[int], answer: Answer) -> list[dict[str, Any]]
 
 def run_scripted(make: Callable[..., Any], config: Mapping[str, Any],
                  seeds: list[int]) -> dict[str, list[dict[str, Any]]]:
-    """Every scripted player's outcomes on ``seeds``, in an env ``make(**config)`` builds; of
-    the constant players only the best. {} for an env none fits."""
+    """Every scripted player's outcomes on ``seeds``, in an env ``make(**config)`` builds (with
+    ``render: text`` where the env has text, the players reading nothing); of the constant
+    players only the best. {} for an env none fits."""
     if config.get("render", "text") != "text" and "target_svg" not in config and "targets" not in config:
-        # the players read nothing: the symbol text is as good as a picture and costs no render
-        config = {**config, "render": "text", "blank_images": False}
-    env = make(**config)
+        # the players read nothing: the symbol text is as good as a picture and costs no render,
+        # where the env has text; a gymnasium env that only draws keeps its pictures
+        try:
+            env = make(**{**config, "render": "text", "blank_images": False})
+        except NoTextError:
+            env = make(**config)
+    else:
+        env = make(**config)
     try:
         results = {name: play(env, seeds, answer) for name, answer in scripted(env).items()}
     finally:
