@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from envs.registry import has_solver
 from launch.config.builders import actor_config, trainer_config, warm_start_config, worker_config
 from launch.config.compose import CONFIGS, compose
 from launch.model.prepare import prepare_model
@@ -56,6 +57,11 @@ def test_the_real_model_preset_warm_starts_on_fresh_demonstrations_then_runs_grp
     lora = compose(["experiment=smollm2_frozenlake_lora"])  # the same run, with adapters
     assert lora.learner.lora.enabled and lora.learner.lr == pytest.approx(10 * cfg.learner.lr)
     assert lora.train == cfg.train and lora.warm_start == cfg.warm_start and lora.env == cfg.env
+    task = compose(["experiment=smollm2_arithmetic"])  # the same recipe on a reasoning-gym task
+    assert (task.env_name, task.env["task"], task.env["format"]) == ("reasoning_gym", "basic_arithmetic", "no_think")
+    assert task.warm_start.seeds == task.warm_start.steps * task.warm_start.batch_size
+    assert task.warm_start.mistake == "random" and has_solver(task.env_name, task.env)
+    assert task.train == cfg.train and task.algorithm == cfg.algorithm
 
 
 def test_trainer_config_takes_the_algorithm_and_learner_groups():
