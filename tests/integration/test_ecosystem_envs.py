@@ -1,6 +1,7 @@
 """Environments nobody here wrote, through the real env worker pool and a short training run
-(topology=local): TextArena's games, reasoning-gym's tasks, and OpenEnv's template environment
-(what ``openenv init`` writes) in the workers and behind its own server."""
+(topology=local): TextArena's games (one against a fixed opponent), reasoning-gym's tasks, and
+OpenEnv's template environment (what ``openenv init`` writes) in the workers and behind its own
+server."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ POOLED = {
     "hanoi": ("textarena", {}, ["[A C]", "[A B]", "[C B]", "[B B]", "[A C]", "x"]),
     "mastermind": ("textarena", {"id": "Mastermind-v0", "held_out": True}, ["[1 2 3 4]", "[4 3 2 1]", "[1 1]"]),
     "minesweeper": ("textarena", {"id": "Minesweeper-v0"}, ["[3 3]", "[0 0]", "[7 7]", "[4 4]"]),
+    "tictactoe": ("textarena", {"id": "TicTacToe-v0", "num_players": 2, "opponent": "random_available",
+                                "max_turns": 5}, ["[0]", "[4]", "[8]", "[2]", "[6]"]),
     "arithmetic": ("reasoning_gym", {"max_turns": 2}, ["12", "-6", "7"]),
     "chain_sum": ("reasoning_gym", {"task": "chain_sum", "max_turns": 2}, ["1", "0"]),
     "openenv": ("openenv", {"entry_point": ENTRY_POINT, "success_reward": 1.0}, ["hi", "hello world", "{"]),

@@ -214,9 +214,49 @@ def test_mastermind_holds_codes_out_and_replays_by_seed():
     assert figures["shared"] == 0
 
 
+def _first_listed(text: str) -> str:
+    return text.rsplit("Available Moves:", 1)[1].split("'")[1]
+
+
+def test_tictactoe_is_played_against_a_fixed_opponent_the_same_way_for_a_seed():
+    config = resolve_config("textarena", {"id": "TicTacToe-v0", "num_players": 2,
+                                          "opponent": "random_available", "max_turns": 9})
+
+    def game(seed: int) -> list[str]:
+        env = make("textarena", **config)
+        texts = [env_reset(env, seed).text]
+        while True:
+            result = env_step(env, reply(_first_listed(texts[-1])))
+            texts.append(result.observation.text)
+            if result.done:
+                reward = result.info["metrics"]["game_reward"]
+                assert reward in (-1.0, 0.0, 1.0) and result.info["success"] == (reward == 1.0)
+                assert result.reward == 0.5 + reward
+                return texts
+
+    first = game(3)
+    assert "Player 1 placed their symbol (X)" in first[1]  # the opponent moved between our turns
+    assert game(3) == first and any(game(seed) != first for seed in (4, 5, 6))
+
+
+def test_a_move_the_game_refuses_is_invalid_in_a_game_for_two():
+    env = make("textarena", **resolve_config("textarena", {"id": "TicTacToe-v0", "num_players": 2,
+                                                           "opponent": "random_available"}))
+    env_reset(env, 0)
+    env_step(env, reply("[4]"))
+    refused = env_step(env, reply("[4]"))  # our own mark is there
+    assert not refused.info["actions_valid"] and "cell 4 is already occupied" in refused.observation.text
+
+
 def test_textarena_refuses_games_it_cannot_play_with_a_reason():
-    with pytest.raises(ValueError, match="only single-player games"):
+    with pytest.raises(ValueError, match="is not a game for 1 player"):
         env_reset(make("textarena", **resolve_config("textarena", {"id": "TicTacToe-v0"})), 0)
+    with pytest.raises(ValueError, match="needs an opponent: env.opponent"):
+        make("textarena", **resolve_config("textarena", {"id": "TicTacToe-v0", "num_players": 2}))
+    with pytest.raises(ValueError, match="lists no available moves"):
+        env_reset(make("textarena", **resolve_config("textarena", {"id": "Nim-v0", "num_players": 2,
+                                                                   "opponent": "random_available",
+                                                                   "seat": 1})), 0)
     with pytest.raises(RuntimeError, match="NLTK's 'words' data.*nltk.downloader words"):
         env_reset(make("textarena", **resolve_config("textarena", {"id": "Wordle-v0"})), 0)
     with pytest.raises(ValueError, match="has no game 'NoSuchGame-v0'"):
@@ -288,3 +328,23 @@ def test_openenv_settings_are_refused_with_a_reason(template):
     with pytest.raises(ValueError, match="returns no pictures: env.render=text"):
         make("openenv", **resolve_config("openenv", {"import_path": str(template), "entry_point": ENTRY_POINT,
                                                      "render": "image"}))
+
+
+
+def test_an_openenv_observation_with_a_picture_is_shown_as_an_image():
+    config = resolve_config("openenv", {"entry_point": "tests.unit.envs.painter_env:Painter",
+                                        "image_fields": ["canvas"], "render": "image",
+                                        "image_size": 12, "action_field": "colour"})
+    env = make("openenv", **config)
+    obs = env_reset(env, 0)
+    assert obs.text.count("<image>") == 1 and obs.images[0].shape == (12, 12, 3)
+    assert "paint it" in obs.text and "canvas" not in obs.text
+    red = env_step(env, reply("red")).observation.images[0]
+    assert tuple(red[6, 6]) == (255, 0, 0) and tuple(red[0, 6]) == (255, 255, 255)  # padded white
+    assert env_step(env, reply("green")).done
+    with pytest.raises(ValueError, match="returns pictures: env.render=image"):
+        make("openenv", **{**config, "render": "text"})
+    with pytest.raises(ValueError, match="names no pydantic action class.*env.action_class"):
+        make("openenv", **{**config, "entry_point": "tests.unit.envs.painter_env:Unannotated"})
+    assert make("openenv", **{**config, "entry_point": "tests.unit.envs.painter_env:Unannotated",
+                              "action_class": "tests.unit.envs.painter_env:Paint"}).source.draws
