@@ -68,6 +68,7 @@ bench: install
 	$(BIN)/python -m tests.benchmarks.bench_env_pool
 	$(BIN)/python -m tests.benchmarks.bench_primitive_skill
 	$(BIN)/python -m tests.benchmarks.bench_envs
+	$(BIN)/python -m tests.benchmarks.bench_ecosystem_envs
 	$(BIN)/python -m tests.benchmarks.bench_learner --breakdown
 	$(BIN)/python -m tests.benchmarks.bench_sft
 	$(BIN)/python -m tests.benchmarks.bench_logits

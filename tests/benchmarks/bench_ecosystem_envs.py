@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import tempfile
 import time
 from pathlib import Path
+
+from tests.benchmarks.report import in_fresh_process
 
 ENTRY_POINT = "echo_env.server.echo_env_environment:EchoEnvironment"  # the template's
 HANOI = ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]", "[B C]", "[A C]"]
@@ -69,16 +70,7 @@ def _measure(name: str, overrides: dict, episodes: int, out) -> None:
 
 def run(label: str, episodes: int, extra: dict) -> dict:
     name, overrides = ROWS[label]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=_measure, args=(name, {**overrides, **extra}, episodes, out))
-    proc.start()
-    try:
-        return {"row": label, **out.get(timeout=900)}
-    finally:
-        proc.join(30)
-        if proc.is_alive():
-            proc.kill()
+    return {"row": label, **in_fresh_process(_measure, name, {**overrides, **extra}, episodes)}
 
 
 def main() -> None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import time
+
+from tests.benchmarks.report import in_fresh_process
 
 ROWS = {"frozenlake text (baseline)": ("frozenlake", {"format": "free_think"}),
         "navigation text": ("navigation", {"render": "text"}),
@@ -69,16 +70,7 @@ def _measure(name: str, overrides: dict, episodes: int, out) -> None:
 
 def run(label: str, episodes: int) -> dict:
     name, overrides = ROWS[label]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=_measure, args=(name, overrides, episodes, out))
-    proc.start()
-    try:
-        return {"row": label, **out.get(timeout=900)}
-    finally:
-        proc.join(30)
-        if proc.is_alive():
-            proc.kill()
+    return {"row": label, **in_fresh_process(_measure, name, overrides, episodes)}
 
 
 def main() -> None:

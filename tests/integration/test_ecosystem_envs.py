@@ -13,8 +13,11 @@ from envs.wire import EpisodeFailure
 from launch.config.compose import compose
 from launch.run.loop import train
 from launch.run.metrics import read_records
+from tests.envs_api import env_reset, env_step
 from tests.openenv_template import ENTRY_POINT, serve, write_template
+from tests.unit.envs.fake_envs import assert_same
 from tests.unit.envs.test_pool import _check_against_in_process
+from tests.unit.envs.test_service import service_process
 
 
 def reply(answer: str) -> str:
@@ -74,6 +77,28 @@ def test_a_pool_larger_than_the_servers_sessions_waits_then_fails_the_start_with
             assert result.done  # the episode ended and gave its session back: the other starts
             assert isinstance(pool.reset([1 - slot], [1])[0], Observation)
             assert pool.stats()["worker_crashes"] == 0
+
+
+def test_the_env_service_serves_a_reasoning_gym_task_from_another_process():
+    import asyncio
+
+    from envs.registry import make, resolve_config
+    from envs.service import RemoteEnvClient
+
+    with service_process("--env-workers", "1", "--envs-per-worker", "2", "--set", "task=chain_sum",
+                         "--set", "max_turns=2", env="reasoning_gym") as (_, line):
+        local = make("reasoning_gym", **resolve_config("reasoning_gym", {"task": "chain_sum", "max_turns": 2}))
+
+        async def run() -> None:
+            client = RemoteEnvClient(line.split()[-1], timeout_s=30)
+            try:
+                assert_same((await client.reset([1], [2_000_005]))[0], env_reset(local, 2_000_005))
+                for answer in ("12", local.source._entry["answer"]):
+                    assert_same((await client.step([1], [reply(answer)]))[0], env_step(local, reply(answer)))
+            finally:
+                await client.close()
+
+        asyncio.run(run())
 
 
 def _trains(tmp_path, capsys, env: list[str], warm_start: str) -> None:

@@ -330,11 +330,10 @@ def _descendants(pid: int) -> set[int]:
 
 
 @contextlib.contextmanager
-def _service_process(*flags: str):
-    """``python -m envs.main`` serving FrozenLake on loopback: (the process, the first line it
+def service_process(*flags: str, env: str = "frozenlake"):
+    """``python -m envs.main`` serving ``env`` on loopback: (the process, the first line it
     printed); it must stop cleanly on SIGTERM, and is killed if the test fails first."""
-    cmd = [sys.executable, "-m", "envs.main", "--bind", "tcp://127.0.0.1:*", "--env", "frozenlake",
-           *flags]
+    cmd = [sys.executable, "-m", "envs.main", "--bind", "tcp://127.0.0.1:*", "--env", env, *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert select.select([proc.stdout], [], [], 20)[0], "the service did not start"
@@ -351,7 +350,7 @@ def _service_process(*flags: str):
 
 
 def test_service_process_serves_frozenlake_and_stops_on_sigterm():
-    with _service_process("--env-workers", "2", "--envs-per-worker", "1", "--env-latency-s", "0.2",
+    with service_process("--env-workers", "2", "--envs-per-worker", "1", "--env-latency-s", "0.2",
                           "--set", "max_turns=2") as (proc, line):
         address = line.split()[-1]
         children = _descendants(proc.pid)
@@ -381,7 +380,7 @@ def test_service_process_serves_frozenlake_and_stops_on_sigterm():
 
 def test_a_curve_service_serves_its_clients_and_refuses_and_counts_strangers(tmp_path):
     keys = security.write(tmp_path / "keys")
-    with _service_process("--env-workers", "1", "--envs-per-worker", "1",
+    with service_process("--env-workers", "1", "--envs-per-worker", "1",
                           "--curve", str(keys)) as (_, line):
         assert "(CurveZMQ)" in line, line
         address = line.split()[3]
