@@ -146,16 +146,19 @@ class TextEnv(gym.Env):
                        "compare with: env.reasoning_reward=null")
         elif blank_images and not draws:
             problem = "blank_images blanks pictures: it needs render=image"
-        if problem:
-            source.close()
-            raise ValueError(problem)
+        try:
+            if problem:
+                raise ValueError(problem)
+            self.max_turns = check_int("max_turns", max_turns, 1)
+            self.image_size = check_int("image_size", image_size, 8)
+        except ValueError:
+            source.close()  # a source may hold a simulator or a server's session
+            raise
         self.source = source
         self.format, self.prompt = format, prompt
-        self.max_turns = check_int("max_turns", max_turns, 1)
         self.format_reward = float(format_reward)
         self.held_out = bool(held_out)
         """Each seed plays a map of its split only (envs/splits.py)."""
-        self.image_size = check_int("image_size", image_size, 8)
         self.blank_images = bool(blank_images)
         self.observed_as = "image" if draws else "text"
         """As GridEnv's: "image" where the source returns pictures (a vision-language model's env)."""

@@ -117,8 +117,9 @@ class TextArenaGame:
             raise ValueError(refused)
         self._start = json.dumps(self.env.state.game_state, sort_keys=True, default=str)
         self._rng = np.random.default_rng(seed)
-        done = self._opponents_move()
-        return Outcome(self._messages()) if not done else self._end(self._messages(), False)
+        if self._opponents_move():
+            raise RuntimeError(f"{self.name} ended before the model's first move (seat {self.seat})")
+        return Outcome(self._messages())
 
     def layout(self) -> str:
         return self._start
