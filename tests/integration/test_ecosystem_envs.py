@@ -101,7 +101,8 @@ def test_the_env_service_serves_a_reasoning_gym_task_from_another_process():
         asyncio.run(run())
 
 
-def _trains(tmp_path, capsys, env: list[str], warm_start: str) -> None:
+def _trains(tmp_path, capsys, env: list[str], warm_start: str, shown: str) -> None:
+    """A short run; ``shown``: text of the env's first observation, which its episode page holds."""
     summary = train(compose([
         *env, "topology=local", "train.steps=2", "train.batch_size=4", "train.eval_every=0",
         "train.eval_seeds=2", "train.held_out_check=64", "learner.critic_warmup=1",
@@ -114,25 +115,28 @@ def _trains(tmp_path, capsys, env: list[str], warm_start: str) -> None:
     assert all(r["rollout/tokens"] > 0 and r["rollout/turns"] >= 1 for r in rows)
     (actor,) = summary["actors"]
     assert actor["version"] == 2 and actor["episodes_failed"] == 0
+    assert shown in (tmp_path / "episodes" / "eval_step_0.html").read_text()  # the episode pages
 
 
 RUNS = {
-    "hanoi": (["env=textarena", "env.max_turns=3"], "warm_start.enabled=false"),
+    "hanoi": (["env=textarena", "env.max_turns=3"], "warm_start.enabled=false", "Tower of Hanoi"),
     "arithmetic": (["env=reasoning_gym", "env.format=no_think"],
                    "warm_start.seeds=16 warm_start.steps=2 warm_start.batch_size=4 "
-                   "warm_start.mistake=random warm_start.action_noise=0.2"),
+                   "warm_start.mistake=random warm_start.action_noise=0.2", "Calculate"),
     "mastermind": (["env=textarena", "env.id=Mastermind-v0", "env.held_out=true", "env.max_turns=2"],
-                   "warm_start.enabled=false"),
-    "minesweeper": (["env=textarena", "env.id=Minesweeper-v0", "env.max_turns=2"], "warm_start.enabled=false"),
-    "chain_sum": (["env=reasoning_gym", "env.task=chain_sum", "env.max_turns=2"], "warm_start.enabled=false"),
+                   "warm_start.enabled=false", "You are playing Mastermind"),
+    "minesweeper": (["env=textarena", "env.id=Minesweeper-v0", "env.max_turns=2"], "warm_start.enabled=false",
+                    "Minesweeper"),
+    "chain_sum": (["env=reasoning_gym", "env.task=chain_sum", "env.max_turns=2"], "warm_start.enabled=false",
+                  "State the final answer"),
 }
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c not in ("hanoi", "arithmetic")
                                   else c for c in RUNS])
 def test_a_short_run_trains_on_it(case, tmp_path, capsys):
-    env, warm_start = RUNS[case]
-    _trains(tmp_path, capsys, env, warm_start)
+    env, warm_start, shown = RUNS[case]
+    _trains(tmp_path, capsys, env, warm_start, shown)
     if "warm_start.enabled=false" not in warm_start:  # reasoning-gym's answers were demonstrated
         assert (tmp_path / "warm-start").exists()
 
@@ -144,8 +148,9 @@ def test_a_short_run_trains_on_the_openenv_template(served, template, tmp_path, 
             # one session at a time: one env slot, one episode at a time
             _trains(tmp_path, capsys, ["env=openenv", f"env.url={url}", "env.max_turns=2",
                                        "env.success_reward=1.0", "actors.env_workers=1"],
-                    "warm_start.enabled=false actors.envs_per_worker=1 actors.concurrency=1")
+                    "warm_start.enabled=false actors.envs_per_worker=1 actors.concurrency=1",
+                    "Echo Env environment ready!")
     else:
         _trains(tmp_path, capsys, ["env=openenv", f"env.import_path={template}",
                                    f"env.entry_point={ENTRY_POINT}", "env.max_turns=2"],
-                "warm_start.enabled=false")
+                "warm_start.enabled=false", "Echo Env environment ready!")
