@@ -286,8 +286,11 @@ def _run(cfg: RunConfig, run_dir: Path, supervisor: Supervisor, logger: RunLogge
     if ((not evals or evals[-1]["step"] != step)  # a stop request leaves without it
             and (record := _evaluate(cfg, run_dir, supervisor, logger, seeds, step, stop))):
         evals.append(record)
-    if evals:
+    if evals and evals[-1]["step"] == step:
         print(f"eval after RL: {_eval_text(evals[-1])}", flush=True)
+    elif evals:  # stopped before it: the last one is of an earlier step, and says so
+        print(f"no eval after RL (stopped at step {step}); the last, at step {evals[-1]['step']}: "
+              f"{_eval_text(evals[-1])}", flush=True)
     _checkpoint(cfg, supervisor, run_dir, step)
     learners.save_final(run_dir, t.save_samples)
     accounting = learners.accounting()
