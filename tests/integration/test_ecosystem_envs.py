@@ -141,7 +141,8 @@ def test_a_short_run_trains_on_it(case, tmp_path, capsys):
         assert (tmp_path / "warm-start").exists()
 
 
-@pytest.mark.parametrize("served", [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.slow  # the server through the pool: test_a_pool_larger_than_the_servers_sessions...
+@pytest.mark.parametrize("served", [True, False])
 def test_a_short_run_trains_on_the_openenv_template(served, template, tmp_path, capsys):
     if served:
         with serve(template) as url:

@@ -3,11 +3,14 @@
 No learning signal is asked of it; that every part takes it is. Its moves have three outcomes, so
 there is no solver to demonstrate with, and the run says it goes without a warm start."""
 
+import pytest
+
 from launch.config.compose import compose
 from launch.run.loop import train
 from launch.run.metrics import read_records
 
 
+@pytest.mark.slow  # the adapter is tested in units; the loop by every other env's run
 def test_cliff_walking_trains_through_the_adapter(tmp_path, capsys):
     summary = train(compose([
         "env=gym", "env.id=CliffWalkingSlippery-v1", "topology=local", "train.steps=3", "train.batch_size=8",

@@ -14,6 +14,7 @@ from launch.run.loop import train
 from launch.run.metrics import read_records
 
 
+@pytest.mark.slow  # the adapter's pictures are tested in units; a picture loop by test_svg_loop
 @pytest.mark.skipif(importlib.util.find_spec("minigrid") is None, reason="needs minigrid")
 def test_a_minigrid_env_trains_through_the_adapter_in_pictures(tmp_path, capsys):
     summary = train(compose([

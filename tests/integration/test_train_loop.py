@@ -178,6 +178,7 @@ def test_ctrl_c_checkpoints_and_stops_at_the_next_step(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "summary.json").read_text())["interrupted"]
 
 
+@pytest.mark.slow  # the proof of delivery: test_lora_sync; LoRA resume: the learner's unit tests
 def test_a_lora_run_pushes_adapters_the_engine_proves_it_serves_and_resumes(tmp_path):
     """``learner.lora.enabled=true`` on the local topology (VAGEN-Full: policy and critic with
     adapters, the reference = the policy with its adapters off): every push is an adapter a
