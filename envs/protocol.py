@@ -103,7 +103,8 @@ class Env(Protocol):
     """A multi-turn text (and image) environment: a ``gymnasium.Env`` whose action is the model's
     answer (``TEXT``) and whose observation is ``{"text", "images"}`` (``observation_space``),
     with two methods of its own. Implementations: envs.grid_env.GridEnv (FrozenLake, Sokoban, any
-    gymnasium game through envs.gym_game), envs.action_words."""
+    gymnasium game through envs.gym_game), envs.text_env.TextEnv (TextArena, reasoning-gym and
+    OpenEnv through their sources), envs.action_words."""
 
     def system_prompt(self) -> str:
         """The system message: the task, the symbols, the actions and the answer format ("": the
