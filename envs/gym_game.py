@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from envs.grid_env import GridEnv, takes_layer
+from envs.protocol import squared
 from envs.registry import load
 
 ACTION_NAMES: dict[str, tuple[str, ...]] = {
@@ -208,14 +209,7 @@ class GymGame:
     def image(self, size: int) -> np.ndarray:
         """The env's picture of its state, Shape: (size, size, 3) uint8: its ``rgb_array`` frame
         padded black to a square (centred) and resized."""
-        from PIL import Image
-
-        frame = self._frame()
-        h, w, _ = frame.shape
-        side = max(h, w)
-        square = np.zeros((side, side, 3), np.uint8)
-        square[(side - h) // 2:(side - h) // 2 + h, (side - w) // 2:(side - w) // 2 + w] = frame
-        return np.asarray(Image.fromarray(square).resize((size, size), Image.BILINEAR))
+        return squared(self._frame(), size, fill=0)
 
     def _frame(self) -> np.ndarray:
         """The env's ``rgb_array`` render, checked: (H, W, 3) uint8."""

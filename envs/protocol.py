@@ -81,6 +81,22 @@ def observation_space(image_size: int | None = None) -> Dict:
     return Dict({"text": TEXT, "images": Sequence(Box(0, 255, shape, np.uint8))})
 
 
+def squared(image: np.ndarray, size: int, fill: int) -> np.ndarray:
+    """An RGB picture of any shape as the model is shown it, Shape: (size, size, 3) uint8: padded
+    to a square with ``fill`` (0 black, 255 white), centred, then resized (bilinear). ValueError
+    for an array that is not (H, W, 3)."""
+    from PIL import Image
+
+    image = np.asarray(image, dtype=np.uint8)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"a picture must be (H, W, 3) RGB, got shape {image.shape}")
+    h, w, _ = image.shape
+    side = max(h, w)
+    canvas = np.full((side, side, 3), fill, np.uint8)
+    canvas[(side - h) // 2:(side - h) // 2 + h, (side - w) // 2:(side - w) // 2 + w] = image
+    return np.asarray(Image.fromarray(canvas).resize((size, size), Image.BILINEAR))
+
+
 def blanked(images) -> list[np.ndarray]:
     """Every picture white, each its own size: the ablation (an env's ``blank_images``) that tells
     whether a model reads its pictures."""

@@ -43,7 +43,7 @@ from envs import splits
 from envs.formats import FORMATS, answer_prompt, format_example, parse
 from envs.grid_env import PROMPTS, check_int, takes_settings_of
 from envs.judge import make_reasoning_reward
-from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, blanked, observation_space
+from envs.protocol import IMAGE_PLACEHOLDER, TEXT, Observation, blanked, observation_space, squared
 
 _ONE_ANSWER = "\x00"
 """The parser's action separator: a character no answer holds, so the answer stays whole."""
@@ -258,7 +258,7 @@ class TextEnv(gym.Env):
     def _observe(self, feedback: str, outcome: Outcome) -> dict:
         header = ("The episode is over." if self._done else
                   f"Turn {self._turn + 1} of {self.max_turns}." if self.max_turns > 1 else "")
-        images = [_square(image, self.image_size) for image in outcome.images]
+        images = [squared(image, self.image_size, fill=255) for image in outcome.images]
         if self.blank_images:
             images = blanked(images)
         pictures = "\n".join(IMAGE_PLACEHOLDER for _ in images)
@@ -266,20 +266,6 @@ class TextEnv(gym.Env):
         lines = [feedback, header, outcome.text.strip(), pictures, reminder]
         checked = Observation("\n".join(line for line in lines if line), images)
         return {"text": checked.text, "images": tuple(checked.images)}
-
-
-def _square(image: np.ndarray, size: int) -> np.ndarray:
-    """``image`` (H, W, 3) uint8, resized to ``size`` a side (padded white to a square first)."""
-    from PIL import Image
-
-    image = np.asarray(image, dtype=np.uint8)
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"a picture must be (H, W, 3) RGB, got shape {image.shape}")
-    h, w, _ = image.shape
-    side = max(h, w)
-    canvas = np.full((side, side, 3), 255, np.uint8)
-    canvas[(side - h) // 2:(side - h) // 2 + h, (side - w) // 2:(side - w) // 2 + w] = image
-    return np.asarray(Image.fromarray(canvas).resize((size, size), Image.BILINEAR))
 
 
 takes_text_layer = takes_settings_of(TextEnv)
