@@ -105,9 +105,7 @@ class OpenEnvSource:
         else:
             self.end()
             self._client = self._open_session()
-            result = self._client.reset(seed=seed)
-            observation = {**result.observation, "done": result.done, "reward": result.reward,
-                           "metadata": result.metadata or result.observation.get("metadata") or {}}
+            observation = _served(self._client.reset(seed=seed))
         outcome = self._outcome(observation)
         self._first = json.dumps(observation, sort_keys=True, default=str)
         return Outcome(outcome.text, images=outcome.images)
@@ -123,9 +121,7 @@ class OpenEnvSource:
         if self.env is not None:
             observation = _fields(self.env.step(action))
         else:
-            result = self._client.step(action)
-            observation = {**result.observation, "done": result.done, "reward": result.reward,
-                           "metadata": result.metadata or result.observation.get("metadata") or {}}
+            observation = _served(self._client.step(action))
         return self._outcome(observation)
 
     def _action(self, answer: str) -> tuple[Any, str]:
@@ -230,6 +226,13 @@ def _importable(folder: str) -> None:
         raise ValueError(f"import_path {folder!r} is not a directory")
     if folder not in sys.path:
         sys.path.insert(0, folder)
+
+
+def _served(result: Any) -> dict[str, Any]:
+    """A server's answer (OpenEnv's client ``StepResult``: the observation's own fields apart
+    from done, reward and metadata) as one dict, as ``_fields`` gives an observation here."""
+    return {**result.observation, "done": result.done, "reward": result.reward,
+            "metadata": result.metadata or result.observation.get("metadata") or {}}
 
 
 def _fields(observation: Any) -> dict[str, Any]:
