@@ -18,6 +18,7 @@ many right answers), and a warm start is then refused before anything is built.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -118,6 +119,8 @@ def make_env(*, task: str = "basic_arithmetic", settings: Mapping[str, Any] | No
 def has_solver(config: Mapping[str, Any]) -> bool:
     """Whether ``make_env(**config)`` can demonstrate (the warm start): its task's items carry
     answers its scorer accepts. Builds the generator, not the env."""
-    data = dataset(config.get("task", "basic_arithmetic"), config.get("settings"),
-                   int(config.get("dataset_seed", 0)), int(config.get("size", 100_000)))
-    return has_reference(data, float(config.get("success_score", 1.0)))
+    bound = inspect.signature(make_env).bind(**config)  # make_env's defaults for what config omits
+    bound.apply_defaults()
+    c = bound.arguments
+    return has_reference(dataset(c["task"], c["settings"], int(c["dataset_seed"]), int(c["size"])),
+                         float(c["success_score"]))
