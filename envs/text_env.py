@@ -130,7 +130,7 @@ class TextEnv(gym.Env):
                  max_turns: int = 1, format_reward: float = 0.5,
                  reasoning_reward: Mapping[str, Any] | None = None, held_out: bool = True,
                  render: str = "text", image_size: int = 224, blank_images: bool = False) -> None:
-        draws = bool(getattr(source, "draws", False))
+        draws = bool(source.draws)
         problem = None
         if render not in ("text", "image"):
             problem = f"render must be text or image, got {render!r}"
